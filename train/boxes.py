@@ -1,0 +1,112 @@
+"""Box geometry shared by the head, the loss, validation, export and serving: anchors, decoding, IoU, NMS and
+the mapping between letterboxed and original image coordinates."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torchvision
+
+
+def make_anchors(feats: list[torch.Tensor], strides: torch.Tensor, offset: float = 0.5):
+    """Cell centres (A, 2) in grid units and the stride of each anchor (A, 1), level by level."""
+    points, stride_t = [], []
+    dtype, device = feats[0].dtype, feats[0].device
+    for f, s in zip(feats, strides):
+        h, w = f.shape[-2:]
+        sx = torch.arange(w, device=device, dtype=dtype) + offset
+        sy = torch.arange(h, device=device, dtype=dtype) + offset
+        yy, xx = torch.meshgrid(sy, sx, indexing="ij")
+        points.append(torch.stack((xx, yy), -1).view(-1, 2))
+        stride_t.append(torch.ones(h * w, 1, dtype=dtype, device=device) * s.to(dtype))
+    return torch.cat(points), torch.cat(stride_t)
+
+
+def dist2bbox(distance: torch.Tensor, anchors: torch.Tensor, xywh: bool = True, dim: int = -1) -> torch.Tensor:
+    """(left, top, right, bottom) distances from anchor points to boxes (xywh or xyxy)."""
+    lt, rb = distance.split(2, dim)
+    x1y1, x2y2 = anchors - lt, anchors + rb
+    if xywh:
+        return torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), dim)
+    return torch.cat((x1y1, x2y2), dim)
+
+
+def bbox2dist(anchors: torch.Tensor, bbox: torch.Tensor, reg_max: float) -> torch.Tensor:
+    x1y1, x2y2 = bbox.split(2, -1)
+    return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp(0, reg_max - 0.01)
+
+
+def xywh2xyxy(x: torch.Tensor) -> torch.Tensor:
+    xy, wh = x[..., :2], x[..., 2:4] / 2
+    return torch.cat((xy - wh, xy + wh), -1)
+
+
+def xyxy2xywh(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat(((x[..., :2] + x[..., 2:4]) / 2, x[..., 2:4] - x[..., :2]), -1)
+
+
+def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Complete IoU of xyxy boxes, broadcasting over leading dims; result keeps a trailing dim of 1.
+
+    The arithmetic (eps on heights only, alpha without gradient) follows the official code exactly, since the
+    loss must reproduce the official values to 1e-4."""
+    b1_x1, b1_y1, b1_x2, b1_y2 = box1.chunk(4, -1)
+    b2_x1, b2_y1, b2_x2, b2_y2 = box2.chunk(4, -1)
+    w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
+    w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
+    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * \
+            (torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)).clamp(0)
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union
+    cw = torch.max(b1_x2, b2_x2) - torch.min(b1_x1, b2_x1)
+    ch = torch.max(b1_y2, b2_y2) - torch.min(b1_y1, b2_y1)
+    c2 = cw**2 + ch**2 + eps
+    rho2 = ((b2_x1 + b2_x2 - b1_x1 - b1_x2) ** 2 + (b2_y1 + b2_y2 - b1_y1 - b1_y2) ** 2) / 4
+    v = (4 / math.pi**2) * torch.pow(torch.atan(w2 / h2) - torch.atan(w1 / h1), 2)
+    with torch.no_grad():
+        alpha = v / (v - iou + (1 + eps))
+    return iou - (rho2 / c2 + v * alpha)
+
+
+def letterbox_params(h: int, w: int, size: int, stride: int = 32, auto: bool = False):
+    """Scale and (left, top) padding that fit an h x w image into size x size (or a stride multiple if auto)."""
+    r = min(size / h, size / w)
+    nh, nw = round(h * r), round(w * r)
+    out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (size, size)
+    return r, (nh, nw), ((out_w - nw) / 2, (out_h - nh) / 2), (out_h, out_w)
+
+
+def scale_boxes_back(boxes: torch.Tensor, ratio: float | torch.Tensor, pad, orig_hw) -> torch.Tensor:
+    """Map xyxy boxes from letterboxed pixels to original-image pixels, clipped to the image."""
+    out = boxes.clone()
+    out[..., [0, 2]] -= pad[0]
+    out[..., [1, 3]] -= pad[1]
+    out[..., :4] /= ratio
+    out[..., [0, 2]] = out[..., [0, 2]].clamp(0, orig_hw[1])
+    out[..., [1, 3]] = out[..., [1, 3]].clamp(0, orig_hw[0])
+    return out
+
+
+def non_max_suppression(pred: torch.Tensor, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
+                        classes: list[int] | None = None, max_nms: int = 30000) -> list[torch.Tensor]:
+    """Per-image detections (n, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions.
+
+    Each anchor contributes its best class (the deployment convention); torchvision's batched NMS does the
+    suppression per class."""
+    if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
+        pred = pred[-1]
+    out = []
+    for p in pred.transpose(1, 2):  # (A, 4 + nc)
+        scores, cls = p[:, 4:].max(1)
+        if classes is not None:
+            keep_cls = torch.isin(cls, torch.as_tensor(classes, device=cls.device))
+            scores = torch.where(keep_cls, scores, torch.zeros_like(scores))
+        keep = scores > conf
+        boxes, scores, cls = xywh2xyxy(p[keep, :4]), scores[keep], cls[keep]
+        if scores.numel() > max_nms:
+            top = scores.topk(max_nms).indices
+            boxes, scores, cls = boxes[top], scores[top], cls[top]
+        idx = torchvision.ops.batched_nms(boxes.float(), scores.float(), cls, iou)[:max_det]
+        out.append(torch.cat((boxes[idx], scores[idx, None], cls[idx, None].to(boxes.dtype)), 1))
+    return out

@@ -1,0 +1,156 @@
+"""Checkpoints: this project's format (tensors + a JSON-able config, read with `weights_only=True`) and the
+official release format (a pickled DetectionModel), read without executing anything from the file.
+
+Official pickles are read by torch's weights-only unpickler with the known official class paths mapped to inert
+data holders; any other global (os.system, builtins.eval, ...) is refused with an error that names it.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train.model import DetectionModel, load_cfg, zoo_names
+
+FORMAT = "yolov9-trt"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read; the message is one line that names the file and the cause."""
+
+
+class _Holder:
+    """Receives the attribute dict of one pickled object and nothing else."""
+
+
+_OFFICIAL_CLASSES = [
+    "models.yolo.DetectionModel", "models.yolo.DDetect", "models.yolo.DualDDetect",
+    "models.common.Conv", "models.common.AConv", "models.common.ADown", "models.common.ELAN1",
+    "models.common.RepNCSPELAN4", "models.common.RepNCSP", "models.common.RepNBottleneck",
+    "models.common.RepConvN", "models.common.SP", "models.common.SPPELAN", "models.common.Concat",
+    "models.common.DFL", "models.common.Silence", "models.common.CBLinear", "models.common.CBFuse",
+    "torch.nn.modules.activation.SiLU", "torch.nn.modules.batchnorm.BatchNorm2d",
+    "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential",
+    "torch.nn.modules.conv.Conv2d", "torch.nn.modules.linear.Identity", "torch.nn.modules.pooling.MaxPool2d",
+    "torch.nn.modules.upsampling.Upsample",
+]
+_HOLDERS = [(type(name.rsplit(".", 1)[1], (_Holder,), {"path": name}), name) for name in _OFFICIAL_CLASSES]
+_SAFE_EXTRAS = [set, torch.Size]
+
+
+def _read(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (not a torch.save zip archive; truncated or "
+                              f"another format)")
+    try:
+        with torch.serialization.safe_globals(_HOLDERS + _SAFE_EXTRAS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # the unpickler's errors are long; keep the part that names the cause
+        msg = str(e)
+        m = re.search(r"(?:GLOBAL|global) ([\w.]+)", msg)
+        if m and m.group(1) not in {"None"}:
+            raise CheckpointError(f"{path}: refused to load: it references '{m.group(1)}', which is not part of a "
+                                  f"YOLOv9 checkpoint (nothing from the file was executed)") from None
+        first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable checkpoint ({first[:200]})") from None
+
+
+def _state_dict(holder: _Holder, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    d = holder.__dict__
+    skip = d.get("_non_persistent_buffers_set", set())
+    for k, v in {**d.get("_parameters", {}), **d.get("_buffers", {})}.items():
+        if v is not None and k not in skip:
+            out[prefix + k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    for name, child in d.get("_modules", {}).items():
+        if child is not None:
+            out.update(_state_dict(child, f"{prefix}{name}."))
+    return out
+
+
+def _from_official(obj: dict, path: Path) -> dict:
+    net = obj.get("ema") or obj.get("model")
+    if not isinstance(net, _Holder) or getattr(net, "path", "") != "models.yolo.DetectionModel":
+        raise CheckpointError(f"{path}: no official DetectionModel under 'model' or 'ema'")
+    d = net.__dict__
+    cfg = d.get("yaml")
+    if not isinstance(cfg, dict) or "backbone" not in cfg:
+        raise CheckpointError(f"{path}: the official model carries no layer config ('yaml')")
+    cfg = {k: v for k, v in cfg.items() if k in ("nc", "depth_multiple", "width_multiple", "backbone", "head", "ch")}
+    cfg["name"] = Path(str(d.get("yaml_file", path.stem))).stem
+    names = d.get("names", None)
+    if isinstance(names, dict):
+        names = [str(names[i]) for i in sorted(names)]
+    state = {k: v.float() if v.is_floating_point() else v for k, v in _state_dict(net).items()}
+    return _ours(cfg, state, names, meta={"source": "official", "file": path.name, "epoch": obj.get("epoch")})
+
+
+def _ours(cfg: dict, state: dict, names: list[str] | None, meta: dict | None = None) -> dict:
+    return {"format": FORMAT, "version": FORMAT_VERSION, "cfg": cfg, "names": list(names or []),
+            "model": state, "meta": meta or {}}
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Either format as this project's checkpoint dict (format, cfg, names, model state dict, meta, ...)."""
+    path = Path(path)
+    obj = _read(path)
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        return obj
+    if isinstance(obj, dict) and ("model" in obj or "ema" in obj):
+        return _from_official(obj, path)
+    raise CheckpointError(f"{path}: not a YOLOv9 checkpoint (no 'model' entry)")
+
+
+def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> DetectionModel:
+    cfg = ckpt["cfg"]
+    try:
+        model = DetectionModel(cfg, names=ckpt.get("names") or None)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise CheckpointError(f"{path}: its layer config does not build: {e}") from None
+    missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the config ({len(missing)} missing, "
+                              f"{len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})")
+    return model
+
+
+def save_checkpoint(path: str | Path, model: DetectionModel, meta: dict | None = None, **extra: Any) -> Path:
+    """Write this project's format; `extra` holds training state (optimizer, EMA, RNG, ...) for --resume."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    obj = _ours(model.cfg, state, model.names, meta)
+    obj.update(extra)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)  # never leave a half-written checkpoint behind
+    return path
+
+
+def convert(src: str | Path, dst: str | Path) -> Path:
+    """An official (or our own) checkpoint rewritten in this project's format."""
+    ckpt = read_checkpoint(src)
+    model = model_from_checkpoint(ckpt, src)
+    return save_checkpoint(dst, model, meta={**ckpt.get("meta", {}), "converted_from": Path(src).name})
+
+
+def load_model(source: str | Path | dict, nc: int | None = None) -> DetectionModel:
+    """A float32 eval-mode model from an official checkpoint, one of ours, a config YAML or a zoo name."""
+    if isinstance(source, dict):
+        model = DetectionModel(source, nc=nc)
+    else:
+        p = Path(source)
+        if p.suffix in (".pt", ".pth", ".ckpt") or (p.is_file() and zipfile.is_zipfile(p)):
+            model = model_from_checkpoint(read_checkpoint(p), p)
+        elif p.suffix in (".yaml", ".yml") or str(source) in zoo_names():
+            model = DetectionModel(load_cfg(source), nc=nc)
+        else:
+            raise CheckpointError(f"{source}: not a checkpoint, a YAML or a zoo name ({', '.join(zoo_names())})")
+    return model.float().eval()

@@ -1,0 +1,149 @@
+"""The YOLOv9 detection loss: task-aligned assignment, BCE classification, CIoU box and DFL terms, for any
+number of heads with their weights (GELAN: one head; YOLOv9: auxiliary 0.25 + main 1.0, as officially).
+
+Vectorised over the batch, with no host synchronisation: targets arrive padded per image, and branches that the
+official code takes on data-dependent conditions are computed unconditionally with masks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from train.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
+
+GAINS = (7.5, 0.5, 1.5)  # box, cls, dfl: the constants of the official loss
+DUAL_HEAD_WEIGHTS = (0.25, 1.0)  # auxiliary, main
+
+
+def pad_targets(targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Rows (image, class, x, y, w, h) -> (batch, max boxes per image, 5) with all-zero padding rows."""
+    if targets.shape[0] == 0:
+        return targets.new_zeros(batch_size, 0, 5)
+    img = targets[:, 0].long()
+    counts = torch.bincount(img, minlength=batch_size)
+    order = torch.argsort(img, stable=True)
+    img_sorted = img[order]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(img), device=targets.device) - starts[img_sorted]
+    out = targets.new_zeros(batch_size, int(counts.max()), 5)
+    out[img_sorted, slot] = targets[order, 1:]
+    return out
+
+
+class TaskAlignedAssigner:
+    """Top-k anchors per ground truth by score^alpha * CIoU^beta, among anchors whose centre lies in the box."""
+
+    def __init__(self, nc: int, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9):
+        self.nc, self.topk, self.alpha, self.beta, self.eps = nc, topk, alpha, beta, eps
+
+    @torch.no_grad()
+    def __call__(self, pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt):
+        """pd_scores (b, A, nc) sigmoid; pd_bboxes (b, A, 4) xyxy px; anchors (A, 2) px; gt_labels (b, n, 1);
+        gt_bboxes (b, n, 4) xyxy px; mask_gt (b, n, 1). Returns target boxes, scores and the foreground mask."""
+        b, n = gt_bboxes.shape[:2]
+        num_anchors = anchors.shape[0]
+        if n == 0:
+            return (torch.zeros_like(pd_bboxes), torch.zeros_like(pd_scores),
+                    torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device))
+        labels = gt_labels.long().squeeze(-1)  # (b, n)
+        # score of each anchor for each gt's class, (b, n, A)
+        scores = pd_scores.permute(0, 2, 1).gather(1, labels.unsqueeze(-1).expand(b, n, num_anchors))
+        overlaps = bbox_ciou(gt_bboxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).squeeze(3).clamp(0)
+        align = scores.pow(self.alpha) * overlaps.pow(self.beta)
+
+        lt, rb = gt_bboxes.unsqueeze(2).split(2, -1)  # (b, n, 1, 2)
+        deltas = torch.cat((anchors[None, None] - lt, rb - anchors[None, None]), -1)
+        in_gts = deltas.amin(-1).gt(self.eps).to(align.dtype)  # (b, n, A)
+
+        topk_idx = torch.topk(align * in_gts, self.topk, dim=-1).indices  # (b, n, k)
+        topk_idx = torch.where(mask_gt.bool().expand(-1, -1, self.topk), topk_idx, 0)
+        in_topk = torch.zeros_like(align).scatter_add_(-1, topk_idx, torch.ones_like(topk_idx, dtype=align.dtype))
+        in_topk = torch.where(in_topk > 1, 0, in_topk)
+        mask_pos = in_topk * in_gts * mask_gt
+
+        # an anchor claimed by several gts goes to the one with the highest IoU
+        fg = mask_pos.sum(-2)  # (b, A)
+        best = F.one_hot(overlaps.argmax(1), n).permute(0, 2, 1).to(mask_pos.dtype)
+        mask_pos = torch.where((fg > 1).unsqueeze(1), best, mask_pos)
+        fg = mask_pos.sum(-2)
+        gt_idx = mask_pos.argmax(-2)  # (b, A)
+
+        target_labels = labels.gather(1, gt_idx)
+        target_bboxes = gt_bboxes.gather(1, gt_idx.unsqueeze(-1).expand(-1, -1, 4))
+        target_scores = F.one_hot(target_labels.clamp(0), self.nc) * (fg > 0).unsqueeze(-1)
+
+        align = align * mask_pos
+        pos_align = align.amax(-1, keepdim=True)
+        pos_overlaps = (overlaps * mask_pos).amax(-1, keepdim=True)
+        norm = (align * pos_overlaps / (pos_align + self.eps)).amax(-2).unsqueeze(-1)
+        return target_bboxes, target_scores * norm, fg > 0
+
+
+class DetectionLoss:
+    """Sum over heads of weight * (box, cls, dfl) terms, times the gains; returns (loss * batch, items)."""
+
+    def __init__(self, nc: int, strides: torch.Tensor, reg_max: int = 16, head_weights: tuple[float, ...] = (1.0,),
+                 topk: int = 10, alpha: float = 0.5, beta: float = 6.0):
+        self.nc, self.reg_max, self.head_weights = nc, reg_max, head_weights
+        self.strides = strides
+        self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
+
+    @classmethod
+    def for_model(cls, model) -> DetectionLoss:
+        head = model.head
+        weights = (1.0,) if head.groups == 1 else DUAL_HEAD_WEIGHTS
+        return cls(head.nc, head.stride, head.reg_max, weights)
+
+    def __call__(self, preds, targets: torch.Tensor, batch_size: int | None = None, padded: bool = False):
+        """preds: the model's training output (list of level maps, or list of such lists per head).
+        targets: rows (image, class, x, y, w, h) normalised, or (b, n, 5) already padded if `padded`."""
+        heads = preds if isinstance(preds[0], (list, tuple)) else [preds]
+        feats0 = heads[0]
+        b = feats0[0].shape[0]
+        device, dtype = feats0[0].device, feats0[0].dtype
+        strides = self.strides.to(device)
+        anchors, stride_t = make_anchors(feats0, strides, 0.5)
+        imgsz = torch.tensor(feats0[0].shape[2:], device=device, dtype=dtype) * strides[0]
+        gt = targets if padded else pad_targets(targets, b)
+        gt = gt.to(device=device, dtype=torch.float32)
+        gt_labels, gt_xywh = gt.split((1, 4), 2)
+        gt_bboxes = xywh2xyxy(gt_xywh * imgsz[[1, 0, 1, 0]])
+        mask_gt = gt_bboxes.sum(2, keepdim=True).gt(0).float()
+
+        loss = torch.zeros(3, device=device)
+        for w, feats in zip(self.head_weights, heads):
+            loss = loss + w * self._head(feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt)
+        loss = loss * torch.tensor(GAINS, device=device)
+        return loss.sum() * b, loss.detach()
+
+    def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:
+        b = feats[0].shape[0]
+        no = self.nc + 4 * self.reg_max
+        pred_dist, pred_scores = torch.cat([f.view(b, no, -1) for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
+        pred_scores = pred_scores.permute(0, 2, 1).contiguous()
+        pred_dist = pred_dist.permute(0, 2, 1).contiguous()
+        proj = torch.arange(self.reg_max, device=pred_dist.device, dtype=pred_dist.dtype)
+        pa = pred_dist.view(b, -1, 4, self.reg_max).softmax(3).matmul(proj)
+        pred_bboxes = dist2bbox(pa, anchors, xywh=False)  # grid units
+
+        target_bboxes, target_scores, fg = self.assigner(
+            pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_t).to(gt_bboxes.dtype),
+            anchors * stride_t, gt_labels, gt_bboxes, mask_gt)
+        target_bboxes = target_bboxes / stride_t
+        norm = target_scores.sum().clamp(min=1)
+
+        cls = F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(pred_scores.dtype),
+                                                 reduction="none").sum() / norm
+        weight = target_scores.sum(-1) * fg  # (b, A), zero off the foreground
+        iou = bbox_ciou(pred_bboxes, target_bboxes).squeeze(-1)
+        box = ((1.0 - iou) * weight).sum() / norm
+
+        target_ltrb = bbox2dist(anchors, target_bboxes, self.reg_max - 1)  # (b, A, 4)
+        left = target_ltrb.long().clamp(max=self.reg_max - 2)
+        wl = left + 1 - target_ltrb
+        logp = pred_dist.view(b, -1, 4, self.reg_max).float().log_softmax(-1)
+        dfl = -(logp.gather(-1, left.unsqueeze(-1)).squeeze(-1) * wl
+                + logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1) * (1 - wl))
+        dfl = (dfl.mean(-1) * weight).sum() / norm
+        return torch.stack((box, cls, dfl))

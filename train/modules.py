@@ -1,0 +1,311 @@
+"""Building blocks of the YOLOv9 / GELAN family.
+
+Attribute names (cv1, cv2, conv1, dfl2, ...) are those of the official implementation so that state-dict keys
+line up with official checkpoints; every block that holds a BatchNorm can fold it away with `fuse()`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.boxes import dist2bbox, make_anchors
+
+BN_EPS = 1e-3  # the official trainer's BatchNorm settings; checkpoints depend on eps
+BN_MOMENTUM = 0.03
+
+
+def autopad(k: int, p: int | None = None) -> int:
+    return k // 2 if p is None else p
+
+
+def fold_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A conv with bias equal to conv followed by eval-mode BN."""
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                      conv.dilation, conv.groups, bias=True).requires_grad_(False).to(conv.weight.device)
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    fused.bias.copy_(bn.bias + (bias - bn.running_mean) * scale)
+    return fused
+
+
+class Conv(nn.Module):
+    """Conv2d (no bias) -> BatchNorm2d -> SiLU."""
+
+    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1, act: bool = True):
+        super().__init__()
+        self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p), groups=g, bias=False)
+        self.bn = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        if isinstance(self.bn, nn.BatchNorm2d):
+            self.conv = fold_bn(self.conv, self.bn)
+            self.bn = nn.Identity()
+
+
+class RepConvN(nn.Module):
+    """3x3 + 1x1 branches in training, one 3x3 conv after `fuse()`."""
+
+    def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1, p: int = 1, g: int = 1, act: bool = True):
+        super().__init__()
+        self.conv1 = Conv(c1, c2, k, s, p, g, act=False)
+        self.conv2 = Conv(c1, c2, 1, s, p - k // 2, g, act=False)
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+        self.conv: nn.Conv2d | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.conv is not None:
+            return self.act(self.conv(x))
+        return self.act(self.conv1(x) + self.conv2(x))
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        if self.conv is not None:
+            return
+        k3 = fold_bn(self.conv1.conv, self.conv1.bn)
+        k1 = fold_bn(self.conv2.conv, self.conv2.bn)
+        k3.weight += F.pad(k1.weight, [1, 1, 1, 1])
+        k3.bias += k1.bias
+        self.conv = k3
+        del self.conv1, self.conv2
+
+
+class AConv(nn.Module):
+    def __init__(self, c1: int, c2: int):
+        super().__init__()
+        self.cv1 = Conv(c1, c2, 3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv1(F.avg_pool2d(x, 2, 1, 0, False, True))
+
+
+class ADown(nn.Module):
+    def __init__(self, c1: int, c2: int):
+        super().__init__()
+        self.c = c2 // 2
+        self.cv1 = Conv(c1 // 2, self.c, 3, 2, 1)
+        self.cv2 = Conv(c1 // 2, self.c, 1, 1, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = F.avg_pool2d(x, 2, 1, 0, False, True).chunk(2, 1)
+        return torch.cat((self.cv1(x1), self.cv2(F.max_pool2d(x2, 3, 2, 1))), 1)
+
+
+class RepNBottleneck(nn.Module):
+    def __init__(self, c1: int, c2: int, shortcut: bool = True, g: int = 1, e: float = 0.5):
+        super().__init__()
+        c_ = int(c2 * e)
+        self.cv1 = RepConvN(c1, c_, 3, 1)
+        self.cv2 = Conv(c_, c2, 3, 1, g=g)
+        self.add = shortcut and c1 == c2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class RepNCSP(nn.Module):
+    def __init__(self, c1: int, c2: int, n: int = 1):
+        super().__init__()
+        c_ = int(c2 * 0.5)
+        self.cv1 = Conv(c1, c_, 1, 1)
+        self.cv2 = Conv(c1, c_, 1, 1)
+        self.cv3 = Conv(2 * c_, c2, 1)
+        self.m = nn.Sequential(*(RepNBottleneck(c_, c_, e=1.0) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class RepNCSPELAN4(nn.Module):
+    def __init__(self, c1: int, c2: int, c3: int, c4: int, c5: int = 1):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.cv2 = nn.Sequential(RepNCSP(c3 // 2, c4, c5), Conv(c4, c4, 3, 1))
+        self.cv3 = nn.Sequential(RepNCSP(c4, c4, c5), Conv(c4, c4, 3, 1))
+        self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        y.append(self.cv2(y[-1]))
+        y.append(self.cv3(y[-1]))
+        return self.cv4(torch.cat(y, 1))
+
+
+class ELAN1(nn.Module):
+    def __init__(self, c1: int, c2: int, c3: int, c4: int):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.cv2 = Conv(c3 // 2, c4, 3, 1)
+        self.cv3 = Conv(c4, c4, 3, 1)
+        self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        y.append(self.cv2(y[-1]))
+        y.append(self.cv3(y[-1]))
+        return self.cv4(torch.cat(y, 1))
+
+
+class SP(nn.Module):
+    def __init__(self, k: int = 3, s: int = 1):
+        super().__init__()
+        self.m = nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(x)
+
+
+class SPPELAN(nn.Module):
+    def __init__(self, c1: int, c2: int, c3: int):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.cv2, self.cv3, self.cv4 = SP(5), SP(5), SP(5)
+        self.cv5 = Conv(4 * c3, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = [self.cv1(x)]
+        for m in (self.cv2, self.cv3, self.cv4):
+            y.append(m(y[-1]))
+        return self.cv5(torch.cat(y, 1))
+
+
+class Concat(nn.Module):
+    def __init__(self, dimension: int = 1):
+        super().__init__()
+        self.d = dimension
+
+    def forward(self, x: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(x, self.d)
+
+
+class Silence(nn.Module):
+    """Identity placeholder that keeps layer indices aligned with the official configs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class CBLinear(nn.Module):
+    def __init__(self, c1: int, c2s: list[int], k: int = 1, s: int = 1):
+        super().__init__()
+        self.c2s = list(c2s)
+        self.conv = nn.Conv2d(c1, sum(c2s), k, s, autopad(k), bias=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.conv(x).split(self.c2s, dim=1)
+
+
+class CBFuse(nn.Module):
+    def __init__(self, idx: list[int]):
+        super().__init__()
+        self.idx = list(idx)
+
+    def forward(self, xs: list) -> torch.Tensor:
+        size = xs[-1].shape[2:]
+        out = xs[-1]
+        for i, x in enumerate(xs[:-1]):
+            out = out + F.interpolate(x[self.idx[i]], size=size, mode="nearest")
+        return out
+
+
+class DFL(nn.Module):
+    """Expectation over `c1` distance bins; the fixed 1x1 conv is kept as a (frozen) parameter, as officially."""
+
+    def __init__(self, c1: int = 16):
+        super().__init__()
+        self.c1 = c1
+        self.conv = nn.Conv2d(c1, 1, 1, bias=False).requires_grad_(False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.arange(c1, dtype=torch.float).view(1, c1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, a = x.shape
+        return self.conv(x.view(b, 4, self.c1, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+
+
+def make_divisible(x: float, divisor: int) -> int:
+    return int(math.ceil(x / divisor) * divisor)
+
+
+class Detect(nn.Module):
+    """Anchor-free decoupled head with one or more groups of inputs.
+
+    One group is GELAN's single head; two groups are YOLOv9's auxiliary (first) and main (last) heads. Group g
+    owns `cv{2+2g}` (box branches), `cv{3+2g}` (class branches) and `dfl` / `dfl{g+1}`, the official names.
+    Training mode returns the raw maps (a list of levels, or a list of such lists for several groups); eval mode
+    returns decoded (batch, 4 + nc, anchors) tensors with xywh boxes in input pixels and sigmoid scores.
+    """
+
+    def __init__(self, nc: int, ch: list[int], nl: int = 3, reg_max: int = 16):
+        super().__init__()
+        self.nc, self.nl, self.reg_max = nc, nl, reg_max
+        self.no = nc + 4 * reg_max
+        self.groups = len(ch) // nl
+        self.register_buffer("stride", torch.zeros(nl), persistent=False)
+        for g in range(self.groups):
+            cin = ch[g * nl:(g + 1) * nl]
+            c_box = make_divisible(max(cin[0] // 4, 4 * reg_max, 16), 4)
+            c_cls = max(cin[0], min(nc * 2, 128))
+            box = nn.ModuleList(nn.Sequential(Conv(x, c_box, 3), Conv(c_box, c_box, 3, g=4),
+                                              nn.Conv2d(c_box, 4 * reg_max, 1, groups=4)) for x in cin)
+            cls = nn.ModuleList(nn.Sequential(Conv(x, c_cls, 3), Conv(c_cls, c_cls, 3), nn.Conv2d(c_cls, nc, 1))
+                                for x in cin)
+            setattr(self, f"cv{2 + 2 * g}", box)
+            setattr(self, f"cv{3 + 2 * g}", cls)
+            setattr(self, "dfl" if g == 0 else f"dfl{g + 1}", DFL(reg_max))
+
+    def branches(self, g: int) -> tuple[nn.ModuleList, nn.ModuleList, DFL]:
+        return (getattr(self, f"cv{2 + 2 * g}"), getattr(self, f"cv{3 + 2 * g}"),
+                getattr(self, "dfl" if g == 0 else f"dfl{g + 1}"))
+
+    def bias_init(self) -> None:
+        """Box bias 1.0; class bias for about 5 objects per 640 image over nc classes (official recipe)."""
+        for g in range(self.groups):
+            box, cls, _ = self.branches(g)
+            for a, b, s in zip(box, cls, self.stride.tolist()):
+                nn.init.constant_(a[-1].bias, 1.0)
+                nn.init.constant_(b[-1].bias, math.log(5 / self.nc / (640 / s) ** 2))
+
+    def forward(self, x: list[torch.Tensor]):
+        raw = []
+        for g in range(self.groups):
+            box, cls, _ = self.branches(g)
+            feats = x[g * self.nl:(g + 1) * self.nl]
+            raw.append([torch.cat((box[i](f), cls[i](f)), 1) for i, f in enumerate(feats)])
+        if self.training:
+            return raw[0] if self.groups == 1 else raw
+        out = [self.decode(r, self.branches(g)[2]) for g, r in enumerate(raw)]
+        return out[0] if self.groups == 1 else out
+
+    def decode(self, feats: list[torch.Tensor], dfl: DFL) -> torch.Tensor:
+        b = feats[0].shape[0]
+        anchors, strides = make_anchors(feats, self.stride, 0.5)
+        box, cls = torch.cat([f.flatten(2) for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
+        dbox = dist2bbox(dfl(box), anchors.transpose(0, 1).unsqueeze(0), xywh=True, dim=1) * strides.transpose(0, 1)
+        return torch.cat((dbox, cls.sigmoid()), 1)
+
+    def drop_groups(self, keep: int) -> None:
+        """Keep only group `keep`, renamed to group 0 (re-parameterization to a single-head model)."""
+        box, cls, dfl = self.branches(keep)
+        for g in range(self.groups):
+            for name in (f"cv{2 + 2 * g}", f"cv{3 + 2 * g}", "dfl" if g == 0 else f"dfl{g + 1}"):
+                delattr(self, name)
+        self.cv2, self.cv3, self.dfl = box, cls, dfl
+        self.groups = 1
+
+
+MODULES: dict[str, type[nn.Module]] = {
+    "Conv": Conv, "AConv": AConv, "ADown": ADown, "RepNCSPELAN4": RepNCSPELAN4, "ELAN1": ELAN1, "SPPELAN": SPPELAN,
+    "Concat": Concat, "Silence": Silence, "CBLinear": CBLinear, "CBFuse": CBFuse, "nn.Upsample": nn.Upsample,
+    "Detect": Detect, "DDetect": Detect, "DualDDetect": Detect,
+}
