@@ -9,10 +9,10 @@ import torch
 import torchvision
 
 
-def make_anchors(feats: list[torch.Tensor], strides: torch.Tensor, offset: float = 0.5):
+def make_anchors(feats: list[torch.Tensor], strides: torch.Tensor, offset: float = 0.5, dtype=None):
     """Cell centres (A, 2) in grid units and the stride of each anchor (A, 1), level by level."""
     points, stride_t = [], []
-    dtype, device = feats[0].dtype, feats[0].device
+    dtype, device = dtype or feats[0].dtype, feats[0].device
     for f, s in zip(feats, strides):
         h, w = f.shape[-2:]
         sx = torch.arange(w, device=device, dtype=dtype) + offset
@@ -70,11 +70,11 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
 
 
 def letterbox_params(h: int, w: int, size: int, stride: int = 32, auto: bool = False):
-    """Scale and (left, top) padding that fit an h x w image into size x size (or a stride multiple if auto)."""
+    """Scale, resized size, integer (left, top) padding and output size that fit an h x w image into size x size (or a stride multiple if auto)."""
     r = min(size / h, size / w)
     nh, nw = round(h * r), round(w * r)
     out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (size, size)
-    return r, (nh, nw), ((out_w - nw) / 2, (out_h - nh) / 2), (out_h, out_w)
+    return r, (nh, nw), ((out_w - nw) // 2, (out_h - nh) // 2), (out_h, out_w)
 
 
 def scale_boxes_back(boxes: torch.Tensor, ratio: float | torch.Tensor, pad, orig_hw) -> torch.Tensor:

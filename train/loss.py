@@ -101,9 +101,9 @@ class DetectionLoss:
         heads = preds if isinstance(preds[0], (list, tuple)) else [preds]
         feats0 = heads[0]
         b = feats0[0].shape[0]
-        device, dtype = feats0[0].device, feats0[0].dtype
+        device, dtype = feats0[0].device, torch.float32  # the loss runs in fp32 whatever the autocast dtype
         strides = self.strides.to(device)
-        anchors, stride_t = make_anchors(feats0, strides, 0.5)
+        anchors, stride_t = make_anchors(feats0, strides, 0.5, dtype)
         imgsz = torch.tensor(feats0[0].shape[2:], device=device, dtype=dtype) * strides[0]
         gt = targets if padded else pad_targets(targets, b)
         gt = gt.to(device=device, dtype=torch.float32)
@@ -120,7 +120,7 @@ class DetectionLoss:
     def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:
         b = feats[0].shape[0]
         no = self.nc + 4 * self.reg_max
-        pred_dist, pred_scores = torch.cat([f.view(b, no, -1) for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
+        pred_dist, pred_scores = torch.cat([f.view(b, no, -1).float() for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
         pred_scores = pred_scores.permute(0, 2, 1).contiguous()
         pred_dist = pred_dist.permute(0, 2, 1).contiguous()
         proj = torch.arange(self.reg_max, device=pred_dist.device, dtype=pred_dist.dtype)

@@ -1,0 +1,163 @@
+"""Subcommands of the training side: info, convert, train, val and `bench train`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from train.trainer import TrainConfig
+
+_TRAIN_HELP = {
+    "data": "dataset: YOLO dataset YAML, COCO instances JSON, VOC folder, or a dataset name such as coco128",
+    "cfg": "model config: zoo name (yolov9-t/s/m/c/e, gelan-t/s/m/c/e) or YAML path",
+    "weights": "start from this checkpoint (official or ours); a different class count re-initialises class outputs",
+    "img": "training and validation image size in pixels",
+    "epochs": "number of epochs",
+    "batch": "batch size; -1 picks the largest that fits the GPU",
+    "nbs": "nominal batch size: gradients accumulate to about this many images per optimizer step",
+    "accumulate": "override the accumulation steps computed from --nbs",
+    "amp": "mixed precision: bf16, fp16 (with a gradient scaler) or off",
+    "optimizer": "SGD (official recipe) or AdamW",
+    "cos_lr": "cosine LR schedule instead of linear",
+    "clip": "gradient-norm clipping threshold",
+    "close_mosaic": "turn mosaic off for the last N epochs",
+    "cache": "keep decoded, resized images in 'ram' or on 'disk'",
+    "workers": "data loader worker processes",
+    "device": "auto, cpu, or a CUDA index such as 0",
+    "seed": "random seed (data order and augmentation are a function of seed, epoch and index)",
+    "project": "folder of runs",
+    "name": "run name (runs/train/NAME; a number is appended if it exists)",
+    "exist_ok": "reuse the run folder if it exists",
+    "val": "validate during training (--no-val to skip)",
+    "val_interval": "validate every N epochs (and always at the end)",
+    "stop_after": "stop after N epochs of this run while keeping the --epochs schedule (continue with --resume)",
+    "resume": "continue a run exactly: its folder or its weights/last.pt",
+    "channels_last": "channels-last memory format on the GPU",
+}
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    for f in fields(TrainConfig):
+        if f.name == "hyp":
+            continue
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_TRAIN_HELP[f.name])
+        else:
+            typ = int if f.name in ("img", "epochs", "batch", "nbs", "accumulate", "close_mosaic", "workers", "seed",
+                                    "val_interval", "stop_after") else float if f.name == "clip" else str
+            kw = {"choices": ["bf16", "fp16", "off"]} if f.name == "amp" else {}
+            kw = {"choices": ["ram", "disk"]} if f.name == "cache" else kw
+            p.add_argument(flag, type=typ, default=default, help=f"{_TRAIN_HELP[f.name]} (default: {default})", **kw)
+    p.add_argument("--hyp", default=None, help="YAML of hyper-parameters overriding hyp.scratch-high defaults")
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    import yaml
+
+    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "hyp"}
+    hyp = yaml.safe_load(open(args.hyp)) if args.hyp else {}
+    return TrainConfig(**kw, hyp=hyp or {})
+
+
+def _train(args: argparse.Namespace) -> None:
+    from train.trainer import Trainer
+
+    summary = Trainer(_config(args)).fit()
+    last = summary.get("last", {})
+    print(f"done: {summary['run_dir']}  mAP50-95 {last.get('map', float('nan')):.4f}  "
+          f"mAP50 {last.get('map50', float('nan')):.4f}  weights in {summary['run_dir']}/weights")
+
+
+def _val(args: argparse.Namespace) -> None:
+    from export.engine import load_engine
+    from train.data.dataset import DetectionDataset, build_loader
+    from train.data.formats import load_split, resolve_data
+    from train.validate import evaluate, format_table
+
+    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img)
+    ds = DetectionDataset(load_split(resolve_data(args.data), args.split), args.img, augment=False, desc="val")
+    res = evaluate(engine, build_loader(ds, args.batch, args.workers, False), engine.device, engine.dtype,
+                   conf=args.conf, iou=args.iou)
+    print(format_table(res))
+    print(f"engine {engine.kind}: mAP50-95 {res['map']:.4f}  mAP50 {res['map50']:.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def _bench_train(args: argparse.Namespace) -> None:
+    from train.bench import bench_train
+
+    bench_train(args)
+
+
+def _info(args: argparse.Namespace) -> None:
+    from train import load_model
+
+    model = load_model(args.model)
+    if args.fuse:
+        model = model.reparameterize().fuse()
+    print(model.info(args.img))
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from train.checkpoint import convert, read_checkpoint
+
+    out = convert(args.src, args.out)
+    ck = read_checkpoint(out)
+    print(f"wrote {out} ({ck['cfg'].get('name')}, {len(ck['model'])} tensors, {len(ck['names'])} classes)")
+
+
+def register(sub, bench) -> None:
+    s = sub.add_parser("info", help="print layers, parameters and GFLOPs of a model",
+                       description="Print the layer table, parameter count and GFLOPs of a model.")
+    s.add_argument("model", help="checkpoint (official or ours), model YAML, or zoo name such as yolov9-s")
+    s.add_argument("--img", type=int, default=640, help="image size for the GFLOPs count (default 640)")
+    s.add_argument("--fuse", action="store_true", help="show the deployed form (re-parameterized and fused)")
+    s.set_defaults(func=_info)
+
+    s = sub.add_parser("convert", help="official checkpoint -> this project's checkpoint format",
+                       description="Read an official YOLOv9 release checkpoint without executing code from it and "
+                                   "write it in this project's format (tensors + JSON-able config).")
+    s.add_argument("src", help="official .pt checkpoint (or one of ours)")
+    s.add_argument("out", help="output .pt path")
+    s.set_defaults(func=_convert)
+
+    s = sub.add_parser("train", help="train a detector", description="Train a YOLOv9/GELAN detector with AMP.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_train_args(s)
+    s.set_defaults(func=_train)
+
+    s = sub.add_parser("val", help="COCO mAP of weights or an engine on a dataset",
+                       description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.")
+    s.add_argument("weights", nargs="?", default=None, help="checkpoint, zoo name, or engine file")
+    s.add_argument("--engine", default=None, help="engine file (.onnx, .pt2, .plan) or auto:WEIGHTS; overrides weights")
+    s.add_argument("--data", default="coco128", help="dataset (see `yolov9 train --help`)")
+    s.add_argument("--split", default="val", choices=["train", "val"], help="dataset split")
+    s.add_argument("--img", type=int, default=640, help="image size")
+    s.add_argument("--batch", type=int, default=32, help="batch size")
+    s.add_argument("--workers", type=int, default=4, help="loader worker processes")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument("--conf", type=float, default=0.001, help="score threshold before NMS")
+    s.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
+    s.add_argument("--out", default=None, help="write the metrics as JSON here")
+    s.set_defaults(func=_val)
+
+    s = bench.add_parser("train", help="steady-state training throughput",
+                         description="Time training steps on synthetic-free real data: images/s, GPU busy %%, "
+                                     "data-wait share and peak memory, for each --amp mode.")
+    s.add_argument("--cfg", default="yolov9-s", help="model config")
+    s.add_argument("--data", default="coco128", help="dataset")
+    s.add_argument("--img", type=int, default=640, help="image size")
+    s.add_argument("--batch", type=int, default=128, help="batch size")
+    s.add_argument("--amp", default="off,fp16,bf16", help="comma-separated AMP modes to measure")
+    s.add_argument("--steps", type=int, default=30, help="timed steps per mode")
+    s.add_argument("--warmup", type=int, default=10, help="untimed warm-up steps per mode")
+    s.add_argument("--workers", type=int, default=8, help="loader worker processes")
+    s.add_argument("--cache", default="ram", choices=["ram", "disk", "none"], help="image cache")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument("--out", default=None, help="write results as JSON here")
+    s.set_defaults(func=_bench_train)

@@ -1,0 +1,1 @@
+"""Datasets, augmentation and loading for training and validation."""

@@ -1,0 +1,202 @@
+"""The detection dataset and its loader: decoding, RAM/disk cache, augmentation, a rank-aware epoch sampler
+and a collate that hands the GPU uint8 images and targets already padded per image (no host sync later)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+import psutil
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm import tqdm
+
+from train.data import augment as A
+from train.data.formats import DatasetIndex
+from train.preprocess import ImageError, decode_image, letterbox
+
+
+def check_image(path: Path) -> str | None:
+    """A reason to skip this image, or None. Header check plus the JPEG end marker (catches truncation)."""
+    try:
+        with Image.open(path) as im:
+            im.verify()
+            fmt = im.format
+        if fmt == "JPEG":
+            with open(path, "rb") as f:
+                f.seek(-2, 2)
+                if f.read() != b"\xff\xd9":
+                    return "truncated images (skipped)"
+        return None
+    except FileNotFoundError:
+        return "missing images (skipped)"
+    except Exception:
+        return "unreadable or corrupt images (skipped)"
+
+
+def read_resized(path: Path, size: int, augment: bool) -> np.ndarray:
+    """Decoded RGB HWC uint8 with the long side scaled to `size`."""
+    img = decode_image(path).permute(1, 2, 0).numpy()
+    h, w = img.shape[:2]
+    r = size / max(h, w)
+    if r != 1:
+        interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
+        img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=interp)
+    return np.ascontiguousarray(img)
+
+
+class DetectionDataset(Dataset):
+    def __init__(self, index: DatasetIndex, img_size: int = 640, augment: bool = False, hyp: A.Hyp | None = None,
+                 cache: str | None = None, seed: int = 0, workers: int = 8, desc: str = "data"):
+        keep = []
+        for i, p in enumerate(tqdm(index.images, desc=f"{desc}: checking images", leave=False)):
+            reason = check_image(p)
+            if reason:
+                index.problems.add(reason, p)
+            else:
+                keep.append(i)
+        self.images = [index.images[i] for i in keep]
+        self.labels = [index.labels[i] for i in keep]
+        self.names, self.problems = index.names, index.problems
+        self.coco_category_ids = getattr(index, "coco_category_ids", None)
+        if not self.images:
+            raise FileNotFoundError(f"{desc}: no readable images")
+        self.img_size, self.augment, self.hyp = img_size, augment, hyp or A.Hyp()
+        self.seed = seed
+        # Shared with the loader's worker processes, so the trainer can switch them without restarting them.
+        self._epoch = mp.Value("i", 0, lock=False)
+        self._mosaic = mp.Value("b", 1 if augment and self.hyp.mosaic > 0 else 0, lock=False)
+        self.cache_mode = cache
+        self.ram: list[np.ndarray] | None = None
+        if cache == "ram":
+            self._cache_ram(workers, desc)
+        elif cache == "disk":
+            self._cache_disk(workers, desc)
+
+    # --- trainer controls -------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.value = epoch
+
+    def set_mosaic(self, on: bool) -> None:
+        self._mosaic.value = 1 if on and self.augment and self.hyp.mosaic > 0 else 0
+
+    # --- caching ----------------------------------------------------------------------------------------
+    def _cache_ram(self, workers: int, desc: str) -> None:
+        sample = [read_resized(p, self.img_size, self.augment).nbytes for p in self.images[:: max(1, len(self) // 16)]]
+        need = float(np.mean(sample)) * len(self)
+        avail = psutil.virtual_memory().available
+        if need * 1.3 > avail:
+            raise MemoryError(f"{desc}: --cache ram needs about {need / 2**30:.1f} GiB but only {avail / 2**30:.1f} "
+                              f"GiB is free; use --cache disk or no cache")
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            it = pool.map(lambda p: read_resized(p, self.img_size, self.augment), self.images)
+            self.ram = list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
+
+    def _disk_path(self, p: Path) -> Path:
+        key = hashlib.sha1(f"{p.resolve()}:{p.stat().st_mtime_ns}:{self.img_size}:{self.augment}".encode()).hexdigest()
+        return Path.home() / ".cache" / "yolov9-trt" / "images" / f"{key}.npy"
+
+    def _cache_disk(self, workers: int, desc: str) -> None:
+        def write(p: Path) -> None:
+            out = self._disk_path(p)
+            if not out.exists():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_suffix(f".{mp.current_process().pid}.tmp.npy")
+                np.save(tmp, read_resized(p, self.img_size, self.augment))
+                tmp.replace(out)
+
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            list(tqdm(pool.map(write, self.images), total=len(self), desc=f"{desc}: caching on disk"))
+
+    def load(self, i: int) -> np.ndarray:
+        if self.ram is not None:
+            return self.ram[i]
+        if self.cache_mode == "disk":
+            return np.load(self._disk_path(self.images[i]))
+        return read_resized(self.images[i], self.img_size, self.augment)
+
+    # --- samples ----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def _mosaic_sample(self, i: int, rng: np.random.Generator):
+        idx = [i, *rng.integers(0, len(self), 3)]
+        img, lab = A.mosaic4([self.load(j) for j in idx], [self.labels[j] for j in idx], self.img_size, rng)
+        return A.random_affine(img, lab, self.hyp, rng, border=-self.img_size // 2)
+
+    def __getitem__(self, i: int):
+        if not self.augment:
+            return self._eval_item(i)
+        rng = np.random.default_rng([self.seed, self._epoch.value, i])
+        if self._mosaic.value and rng.random() < self.hyp.mosaic:
+            img, lab = self._mosaic_sample(i, rng)
+            if rng.random() < self.hyp.mixup:
+                img, lab = A.mixup(img, lab, *self._mosaic_sample(int(rng.integers(0, len(self))), rng), rng)
+        else:
+            src = self.load(i)
+            img, r, (left, top) = A.letterbox_np(src, self.img_size)
+            h, w = src.shape[:2]
+            lab = A.xywhn_to_xyxy(self.labels[i], w, h, left, top)
+            img, lab = A.random_affine(img, lab, self.hyp, rng)
+        lab = A.xyxy_to_xywhn(lab, img.shape[1], img.shape[0])
+        img = A.augment_hsv(img, self.hyp, rng)
+        img, lab = A.flips(img, lab, self.hyp, rng)
+        return torch.from_numpy(img).permute(2, 0, 1).contiguous(), torch.from_numpy(lab), i, img.shape[:2]
+
+    def _eval_item(self, i: int):
+        """The inference path (train/preprocess.letterbox), so validation sees what prediction sees."""
+        src = torch.from_numpy(self.load(i)).permute(2, 0, 1)
+        img, _ = letterbox(src, self.img_size)
+        return img, torch.from_numpy(self.labels[i].copy()), i, tuple(src.shape[1:])
+
+
+def collate(batch):
+    """-> uint8 images (B, 3, S, S), target rows (N, 6) = image, class, xywh, padded targets (B, max n, 5), idx,
+    and each image's (h, w) before letterboxing."""
+    imgs, labs, idx, shapes = zip(*batch)
+    rows = [torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)]
+    n = max((len(lab) for lab in labs), default=0)
+    padded = torch.zeros(len(labs), n, 5)
+    for j, lab in enumerate(labs):
+        padded[j, :len(lab)] = lab
+    return torch.stack(imgs), torch.cat(rows, 0), padded, torch.tensor(idx), list(shapes)
+
+
+class EpochSampler(Sampler[int]):
+    """Seeded per-epoch shuffle, split across ranks (each rank gets an equal share; the last wraps around)."""
+
+    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, rank: int = 0, world: int = 1):
+        self.n, self.shuffle, self.seed, self.rank, self.world = n, shuffle, seed, rank, world
+        self.epoch = 0
+        self.per_rank = -(-n // world)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        order += order[: self.per_rank * self.world - self.n]
+        return iter(order[self.rank::self.world])
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+
+def build_loader(ds: DetectionDataset, batch: int, workers: int, shuffle: bool, seed: int = 0, rank: int = 0,
+                 world: int = 1, pin: bool = False) -> DataLoader:
+    sampler = EpochSampler(len(ds), shuffle, seed, rank, world)
+    return DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate,
+                      pin_memory=pin, persistent_workers=workers > 0, drop_last=False,
+                      prefetch_factor=4 if workers > 0 else None)
+
+
+__all__ = ["DetectionDataset", "EpochSampler", "build_loader", "collate", "ImageError"]

@@ -1,0 +1,35 @@
+"""GPU utilisation and memory for progress bars and benchmarks, read through NVML (nvidia-ml-py)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class GpuMonitor:
+    def __init__(self, device: torch.device):
+        self.device, self.handle = device, None
+        if device.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            except Exception:  # NVML missing or unsupported: fall back to torch's memory counters only
+                self.handle = None
+
+    def utilization(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+
+    def peak_gib(self) -> float:
+        if self.device.type != "cuda":
+            return 0.0
+        return torch.cuda.max_memory_reserved(self.device) / 2**30
+
+    def read(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu"
+        util = self.utilization()
+        return f"gpu {util if util is not None else '?'}% {torch.cuda.memory_reserved(self.device) / 2**30:.1f}G"

@@ -1,0 +1,106 @@
+"""Image decoding, letterboxing and mapping detections back: the one pre/post-processing path used by
+validation, prediction, export checks and the server (on the CPU or on the GPU, same code)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+from PIL import Image
+
+from train.boxes import letterbox_params, non_max_suppression, scale_boxes_back
+
+PAD_VALUE = 114
+MAX_PIXELS = 64_000_000  # decompression-bomb guard: refuse images that declare more pixels than this
+
+
+class ImageError(ValueError):
+    """An input that is not a decodable image; the message is one line."""
+
+
+@dataclass
+class LetterboxMeta:
+    orig_hw: tuple[int, int]
+    ratio: float
+    pad: tuple[float, float]  # left, top
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(height, width) from the header alone, so oversized images are refused before decoding."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            fmt = im.format
+    except Exception:
+        raise ImageError("not a decodable image (unknown format or corrupt header)") from None
+    if fmt not in ("JPEG", "PNG", "BMP", "WEBP", "GIF", "TIFF", "MPO"):
+        raise ImageError(f"unsupported image format {fmt}")
+    if w * h > MAX_PIXELS:
+        raise ImageError(f"image declares {w}x{h} pixels, over the limit of {MAX_PIXELS:,}")
+    return h, w
+
+
+def decode_image(data: bytes | Path | str, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Encoded bytes or a file -> uint8 RGB tensor (3, H, W). JPEGs decode with nvJPEG when device is CUDA."""
+    if isinstance(data, (str, Path)):
+        data = Path(data).read_bytes()
+    image_size(data)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        if torch.device(device).type == "cuda" and data[:2] == b"\xff\xd8":
+            img = torchvision.io.decode_jpeg(raw, mode=torchvision.io.ImageReadMode.RGB, device=device)
+        else:
+            img = torchvision.io.decode_image(raw, mode=torchvision.io.ImageReadMode.RGB)
+    except Exception:
+        # torchvision refuses some valid files (e.g. truncated-but-readable JPEGs, palette PNGs): let PIL try
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                img = torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1)
+        except Exception:
+            raise ImageError("image data is corrupt or truncated") from None
+    return img.to(device)
+
+
+def letterbox(img: torch.Tensor, size: int, stride: int = 32, auto: bool = False):
+    """uint8 (3, H, W) -> uint8 (3, S, S) resized with its aspect kept and padded with 114, plus the meta
+    needed to map boxes back."""
+    h, w = img.shape[-2:]
+    r, (nh, nw), (pl, pt), (oh, ow) = letterbox_params(h, w, size, stride, auto)
+    if (nh, nw) != (h, w):
+        img = F.interpolate(img[None].float(), size=(nh, nw), mode="bilinear", align_corners=False)[0]
+        img = img.round().clamp(0, 255).to(torch.uint8)
+    img = F.pad(img, (pl, ow - nw - pl, pt, oh - nh - pt), value=PAD_VALUE)
+    return img, LetterboxMeta((h, w), r, (pl, pt))
+
+
+def to_input(batch_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 NCHW -> model input in [0, 1]; done on the device, so only bytes cross the bus."""
+    return batch_uint8.to(dtype).div_(255)
+
+
+def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.device = "cpu"):
+    """Letterbox a list of decoded images into one uint8 batch on `device`."""
+    boxed, metas = zip(*(letterbox(im.to(device), size) for im in images)) if images else ((), ())
+    return torch.stack(boxed), list(metas)
+
+
+def postprocess(pred: torch.Tensor, metas: list[LetterboxMeta], conf: float = 0.25, iou: float = 0.45,
+                max_det: int = 300, classes: list[int] | None = None) -> list[torch.Tensor]:
+    """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
+    dets = non_max_suppression(pred, conf, iou, max_det, classes)
+    return [torch.cat((scale_boxes_back(d[:, :4], m.ratio, m.pad, m.orig_hw), d[:, 4:]), 1)
+            for d, m in zip(dets, metas)]
+
+
+def detections_to_json(det: torch.Tensor, names: list[str]) -> list[dict]:
+    out = []
+    for x1, y1, x2, y2, s, c in det.tolist():
+        c = int(c)
+        out.append({"box": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)], "score": round(s, 5),
+                    "class_id": c, "class_name": names[c] if c < len(names) else str(c)})
+    return out
