@@ -35,6 +35,21 @@ def load_cfg(cfg: str | Path | dict) -> dict:
     return d
 
 
+def _layers_key(cfg: dict) -> list:
+    """Layer lists with head names unified (official DDetect/DualDDetect == our Detect)."""
+    return [[f, n, "Detect" if MODULES.get(m) is Detect else m, a] for f, n, m, a in cfg["backbone"] + cfg["head"]]
+
+
+def zoo_reparam(cfg: dict) -> dict | None:
+    """The re-parameterization mapping of the zoo model with the same layer list (for official configs)."""
+    key = _layers_key(cfg)
+    for name in zoo_names():
+        z = load_cfg(name)
+        if "reparam" in z and _layers_key(z) == key:
+            return z["reparam"]
+    return None
+
+
 def _eval_arg(a, nc: int):
     if a == "nc":
         return nc
@@ -135,8 +150,11 @@ class DetectionModel(nn.Module):
 
     def reparameterize(self) -> DetectionModel:
         """A YOLOv9 training model as its GELAN inference model: auxiliary branch dropped, main branch kept."""
-        spec = self.cfg.get("reparam")
+        spec = self.cfg.get("reparam") or zoo_reparam(self.cfg)
         if spec is None:
+            if self.head.groups > 1:
+                raise ValueError("this multi-head model has no 'reparam' mapping in its config and matches no zoo "
+                                 "model; add one to its YAML")
             return self
         gelan = DetectionModel(spec["to"], nc=self.nc, names=self.names).to(self.stride.device)
         src = self.state_dict()

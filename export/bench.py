@@ -1,0 +1,79 @@
+"""`yolov9 bench engine`: images/s and latency per engine and batch size on random input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from export.engine import AOTIEngine, CudaGraphEngine, OnnxEngine, TorchEngine
+from train import load_model
+
+
+def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int):
+    cuda = torch.cuda.is_available()
+    graph = kind.endswith("-graph")
+    base = kind.removesuffix("-graph")
+    if base == "onnx-cpu":
+        from export.onnx_export import export_onnx
+
+        return OnnxEngine(export_onnx(weights, workdir / "bench.onnx", img=img))
+    if not cuda:
+        raise RuntimeError("needs a CUDA GPU")
+    if base in ("torch-fp32", "torch-fp16"):
+        eng = TorchEngine(load_model(weights), "cuda", half=base == "torch-fp16", img_size=img)
+    elif base == "aoti-fp16":
+        from export.aoti import export_aoti
+
+        eng = AOTIEngine(export_aoti(weights, workdir / "bench.pt2", img=img, max_batch=max_batch))
+    elif base == "trt-fp16":
+        from export.onnx_export import export_onnx
+        from export.tensorrt import TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx
+
+        import_tensorrt()
+        onnx = export_onnx(weights, workdir / "bench_trt.onnx", img=img, half=needs_fp16_onnx())
+        eng = TensorRTEngine(build_engine(onnx, workdir / "bench.plan", 1, max_batch // 2, max_batch))
+    else:
+        raise ValueError(f"unknown engine '{kind}'")
+    return CudaGraphEngine(eng) if graph else eng
+
+
+def bench_engines(args) -> list[dict]:
+    batches = [int(b) for b in args.batches.split(",")]
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for kind in args.engines.split(","):
+        try:
+            t0 = time.time()
+            eng = _build(kind, args.weights, args.img, workdir, max(batches))
+            build_s = time.time() - t0
+        except (RuntimeError, ImportError) as e:
+            print(json.dumps({"engine": kind, "skipped": str(e).splitlines()[0]}))
+            rows.append({"engine": kind, "skipped": str(e).splitlines()[0]})
+            continue
+        for b in batches:
+            x = torch.rand(b, 3, args.img, args.img, device=eng.device).to(eng.dtype)
+            for _ in range(args.warmup):
+                eng(x)
+            if eng.device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(args.iters):
+                eng(x)
+            if eng.device.type == "cuda":
+                torch.cuda.synchronize()
+            el = (time.perf_counter() - t) / args.iters
+            row = {"engine": kind, "batch": b, "img": args.img, "images_per_s": round(b / el, 1),
+                   "ms_per_batch": round(el * 1000, 3), "build_s": round(build_s, 1),
+                   "device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu"}
+            print(json.dumps(row))
+            rows.append(row)
+        del eng
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return rows

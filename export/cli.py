@@ -1,0 +1,162 @@
+"""Subcommands of the export side: `export onnx|aoti|trt`, `predict` and `bench engine`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+SAMPLES = Path(__file__).resolve().parents[1] / "assets" / "images"
+
+
+def _export(args: argparse.Namespace) -> None:
+    if args.format == "onnx":
+        from export.onnx_export import export_onnx
+
+        out = export_onnx(args.weights, args.out or Path(args.weights).with_suffix(".onnx").name, img=args.img,
+                          half=args.half, dynamic_hw=args.dynamic_hw, end2end=args.end2end, conf=args.conf,
+                          iou=args.iou, max_det=args.max_det)
+        _check_onnx(args.weights, out, args.img) if not args.end2end else None
+    elif args.format == "aoti":
+        from export.aoti import export_aoti
+
+        out = export_aoti(args.weights, args.out or Path(args.weights).with_suffix(".pt2").name, img=args.img,
+                          half=not args.fp32, device=args.device, max_batch=args.max_batch)
+    else:
+        from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
+
+        import_tensorrt()  # fail in one line, before any work, when TensorRT is missing
+        src = Path(args.weights)
+        out = Path(args.out or src.with_suffix(".plan").name)
+        if src.suffix != ".onnx":
+            from export.onnx_export import export_onnx
+
+            src = export_onnx(args.weights, out.with_suffix(".onnx"), img=args.img, half=needs_fp16_onnx(),
+                              end2end=args.end2end, conf=args.conf, iou=args.iou, max_det=args.max_det)
+        build_engine(src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace,
+                     args.timing_cache, fp16=True)
+        if not args.end2end:
+            _compare_engines(out, src, args.img)
+    print(f"wrote {out}")
+
+
+def _sample_batch(img: int):
+    from train.preprocess import decode_image, prepare_batch, to_input
+
+    images = [decode_image(p) for p in sorted(SAMPLES.glob("*.jpg"))]
+    batch, _ = prepare_batch(images, img)
+    return to_input(batch)
+
+
+def _check_onnx(weights: str, onnx_path: Path, img: int) -> None:
+    """ONNX Runtime against PyTorch on the shipped sample images."""
+    from export.engine import OnnxEngine, TorchEngine
+    from train import load_model
+
+    x = _sample_batch(img)
+    ref = TorchEngine(load_model(weights), "cpu")(x)
+    got = OnnxEngine(onnx_path)(x)
+    rel = float((got - ref).norm() / ref.norm())
+    print(f"ONNX Runtime vs PyTorch on {len(x)} sample images: relative L2 error {rel:.2e}")
+
+
+def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
+    from export.engine import OnnxEngine
+    from export.tensorrt import TensorRTEngine
+
+    x = _sample_batch(img)
+    ref = OnnxEngine(onnx_path)(x)
+    got = TensorRTEngine(plan)(x).cpu()
+    boxes = (got[:, :4] - ref[:, :4]).abs().max().item()
+    scores = (got[:, 4:] - ref[:, 4:]).abs().max().item()
+    print(f"TensorRT vs ONNX Runtime on {len(x)} sample images: max |box diff| {boxes:.3f} px, "
+          f"max |score diff| {scores:.2e}")
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from export.engine import load_engine
+    from train.draw import draw_detections
+    from train.preprocess import ImageError, decode_image, detections_to_json, postprocess, prepare_batch, to_input
+
+    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img)
+    sources = [Path(s) for s in (args.source or [SAMPLES])]
+    files = [f for s in sources for f in (sorted(s.glob("*")) if s.is_dir() else [s])
+             if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp")]
+    out_dir = Path(args.out)
+    if args.save:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        try:
+            im = decode_image(f)
+        except (ImageError, OSError) as e:
+            print(json.dumps({"image": str(f), "error": str(e)}))
+            continue
+        batch, metas = prepare_batch([im], engine.img_size, engine.device)
+        pred = engine(to_input(batch, engine.dtype))
+        det = postprocess(pred, metas, args.conf, args.iou, args.max_det, args.classes)[0].cpu()
+        dets = detections_to_json(det, engine.names)
+        print(json.dumps({"image": str(f), "detections": dets}))
+        if args.save:
+            draw_detections(im.permute(1, 2, 0).numpy(), dets).save(out_dir / f.name)
+    if args.save:
+        print(f"annotated images in {out_dir}")
+
+
+def _bench_engine(args: argparse.Namespace) -> None:
+    from export.bench import bench_engines
+
+    bench_engines(args)
+
+
+def register(sub, bench) -> None:
+    s = sub.add_parser("export", help="export weights to ONNX, AOTInductor (.pt2) or TensorRT (.plan)",
+                       description="Re-parameterize (YOLOv9 -> GELAN), fuse and export.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("format", choices=["onnx", "aoti", "trt"], help="onnx, aoti (AOTInductor .pt2) or trt (TensorRT)")
+    s.add_argument("weights", help="checkpoint (official or ours) or zoo name; for trt also an .onnx file")
+    s.add_argument("-o", "--out", default=None, help="output file (default: weights name with the format's suffix)")
+    s.add_argument("--img", type=int, default=640, help="input image size")
+    s.add_argument("--half", action="store_true", help="onnx: export in fp16")
+    s.add_argument("--fp32", action="store_true", help="aoti: compile in fp32 instead of fp16")
+    s.add_argument("--dynamic-hw", action="store_true", help="onnx: dynamic height and width too")
+    s.add_argument("--end2end", action="store_true", help="onnx/trt: NMS inside the graph, fixed-size outputs")
+    s.add_argument("--conf", type=float, default=0.25, help="end2end: score threshold")
+    s.add_argument("--iou", type=float, default=0.45, help="end2end: NMS IoU threshold")
+    s.add_argument("--max-det", type=int, default=100, help="end2end: detections per image")
+    s.add_argument("--device", default="cuda", help="aoti: device to compile for (cuda or cpu)")
+    s.add_argument("--min-batch", type=int, default=1, help="trt: smallest batch of the optimization profile")
+    s.add_argument("--opt-batch", type=int, default=16, help="trt: batch the profile is tuned for")
+    s.add_argument("--max-batch", type=int, default=64, help="trt/aoti: largest batch")
+    s.add_argument("--workspace", type=float, default=4.0, help="trt: builder workspace limit in GiB")
+    s.add_argument("--timing-cache", default="trt_timing.cache", help="trt: persistent timing cache file")
+    s.set_defaults(func=_export)
+
+    s = sub.add_parser("predict", help="detect objects in images and save annotated copies",
+                       description="Run a model or engine on images; prints one JSON line per image.")
+    s.add_argument("weights", nargs="?", default="yolov9-s", help="checkpoint, zoo name or engine file")
+    s.add_argument("source", nargs="*", help="image files or folders (default: the shipped sample images)")
+    s.add_argument("--engine", default=None, help="engine file or auto:WEIGHTS (fastest available)")
+    s.add_argument("--img", type=int, default=640, help="inference size")
+    s.add_argument("--conf", type=float, default=0.25, help="score threshold")
+    s.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
+    s.add_argument("--max-det", type=int, default=300, help="detections per image")
+    s.add_argument("--classes", type=int, nargs="*", default=None, help="keep only these class ids")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument("--out", default="runs/predict", help="folder for annotated images")
+    s.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="save annotated images")
+    s.set_defaults(func=_predict)
+
+    s = bench.add_parser("engine", help="inference throughput and latency of engines",
+                         description="images/s and ms per batch for each engine and batch size (random input).")
+    s.add_argument("weights", help="checkpoint or zoo name (engines are built from it)")
+    s.add_argument("--engines", default="torch-fp32,torch-fp16,aoti-fp16,trt-fp16",
+                   help="comma list of torch-fp32, torch-fp16, torch-fp16-graph, aoti-fp16, aoti-fp16-graph, "
+                        "trt-fp16, onnx-cpu (missing backends are reported and skipped)")
+    s.add_argument("--batches", default="1,8,32,64", help="comma list of batch sizes")
+    s.add_argument("--img", type=int, default=640, help="image size")
+    s.add_argument("--iters", type=int, default=50, help="timed iterations per point")
+    s.add_argument("--warmup", type=int, default=10, help="untimed iterations per point")
+    s.add_argument("--workdir", default=tempfile.gettempdir(), help="where built engines are written")
+    s.add_argument("--out", default=None, help="write results as JSON here")
+    s.set_defaults(func=_bench_engine)

@@ -1,0 +1,115 @@
+"""ONNX export: the deployed (re-parameterized, fused) model with dynamic batch, in fp32 or fp16, as raw
+predictions (official layout) or end-to-end with the standard ONNX NonMaxSuppression inside the graph.
+
+Input `images`: float (B, 3, H, W), RGB, values in [0, 1], letterboxed with 114 padding (train/preprocess.py).
+Raw output `output0`: (B, 4 + nc, anchors), xywh boxes in input pixels and sigmoid scores.
+End-to-end outputs: `num_dets` (B, 1) int64, `det_boxes` (B, max_det, 4) xyxy, `det_scores` (B, max_det),
+`det_classes` (B, max_det) int64; rows past num_dets are zero."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import torch
+import torchvision
+from torch import nn
+
+from export.engine import deploy_model, sidecar_path
+from train import load_model
+from train.boxes import xywh2xyxy
+from train.model import DetectionModel
+
+OPSET = 17
+
+
+class _NMS(torch.autograd.Function):
+    """ONNX NonMaxSuppression when exported; torchvision's per-class NMS when run (only for tracing)."""
+
+    @staticmethod
+    def forward(ctx, boxes, scores, max_per_class, iou, score_thr):
+        out = []
+        for b in range(boxes.shape[0]):
+            s, c = scores[b].max(0)
+            keep = s > score_thr
+            idx = keep.nonzero().squeeze(1)
+            sel = torchvision.ops.batched_nms(boxes[b, idx], s[idx], c[idx], float(iou))
+            idx = idx[sel][: int(max_per_class)]
+            out.append(torch.stack((torch.full_like(idx, b), c[idx], idx), 1))
+        return torch.cat(out) if out else torch.zeros(0, 3, dtype=torch.int64)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_per_class, iou, score_thr):
+        return g.op("NonMaxSuppression", boxes, scores, max_per_class, iou, score_thr, center_point_box_i=0)
+
+
+class End2End(nn.Module):
+    """Deployed model + best-class-per-anchor NMS per class + fixed-size outputs, matching
+    train.boxes.non_max_suppression."""
+
+    def __init__(self, model: nn.Module, conf: float, iou: float, max_det: int):
+        super().__init__()
+        self.model, self.conf, self.iou, self.max_det = model, conf, iou, max_det
+
+    def forward(self, x):
+        pred = self.model(x)  # (B, 4 + nc, A)
+        boxes = xywh2xyxy(pred[:, :4].transpose(1, 2)).float()  # (B, A, 4)
+        cls_scores = pred[:, 4:].float()  # (B, nc, A)
+        best = cls_scores.max(1, keepdim=True)[0]
+        scores = torch.where(cls_scores == best, cls_scores, torch.zeros_like(cls_scores))  # one class per anchor
+        sel = _NMS.apply(boxes, scores, torch.tensor([self.max_det]), torch.tensor([self.iou]),
+                         torch.tensor([self.conf]))
+        b, c, i = sel[:, 0], sel[:, 1], sel[:, 2]
+        sel_scores = scores[b, c, i]
+        sel_boxes = boxes[b, i]
+        bsz = x.shape[0]
+        # dense (B, K + max_det) score matrix, padded so top-k of a constant k always exists
+        own = b.unsqueeze(0) == torch.arange(bsz, device=x.device).unsqueeze(1)
+        dense = torch.where(own, sel_scores.unsqueeze(0), torch.full_like(sel_scores, -1.0).unsqueeze(0))
+        dense = torch.cat((dense, torch.full((bsz, self.max_det), -1.0, device=x.device)), 1)
+        top_s, top_i = dense.topk(self.max_det, dim=1)
+        pad_boxes = torch.cat((sel_boxes, torch.zeros(self.max_det, 4, device=x.device)), 0)
+        pad_cls = torch.cat((c, torch.zeros(self.max_det, dtype=c.dtype, device=x.device)), 0)
+        valid = top_s > 0
+        det_boxes = pad_boxes[top_i] * valid.unsqueeze(-1)
+        det_scores = top_s * valid
+        det_classes = pad_cls[top_i] * valid
+        return valid.sum(1, keepdim=True), det_boxes, det_scores, det_classes
+
+
+def export_onnx(weights: str | Path | DetectionModel, out: str | Path, img: int = 640, half: bool = False,
+                dynamic_hw: bool = False, end2end: bool = False, conf: float = 0.25, iou: float = 0.45,
+                max_det: int = 100, batch: int = 1) -> Path:
+    out = Path(out)
+    src = weights if isinstance(weights, DetectionModel) else load_model(weights)
+    names = src.names
+    model = deploy_model(src)
+    strides = model.stride.tolist()
+    dtype = torch.float16 if half else torch.float32
+    model = model.to(dtype)
+    net = End2End(model, conf, iou, max_det) if end2end else model
+    x = torch.zeros(batch, 3, img, img, dtype=dtype)
+    axes = {0: "batch", 2: "height", 3: "width"} if dynamic_hw else {0: "batch"}
+    if end2end:
+        outputs = ["num_dets", "det_boxes", "det_scores", "det_classes"]
+        dyn = {"images": axes, **{o: {0: "batch"} for o in outputs}}
+    else:
+        outputs = ["output0"]
+        dyn = {"images": axes, "output0": {0: "batch", 2: "anchors"} if dynamic_hw else {0: "batch"}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        torch.onnx.export(net, (x,), str(out), input_names=["images"], output_names=outputs, opset_version=OPSET,
+                          dynamic_axes=dyn, dynamo=False, do_constant_folding=True)
+    proto = onnx.load(str(out))
+    meta = {"names": json.dumps(names), "img_size": str(img), "strides": json.dumps(strides),
+            "end2end": "true" if end2end else "false", "dtype": "float16" if half else "float32",
+            "input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114",
+            "conf": str(conf), "iou": str(iou), "max_det": str(max_det)}
+    for k, v in meta.items():
+        proto.metadata_props.add(key=k, value=v)
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(out))
+    sidecar_path(out).write_text(json.dumps({**{k: json.loads(v) if k in ("names", "strides") else v
+                                                for k, v in meta.items()}, "outputs": outputs}, indent=1))
+    return out

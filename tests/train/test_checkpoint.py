@@ -1,0 +1,99 @@
+"""Checkpoint formats: conversion, our own format under weights_only, and hostile or broken files."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import rel_l2
+from train import load_model
+from train.checkpoint import CheckpointError, convert, read_checkpoint
+
+
+def test_convert_then_load_with_weights_only(interop, tmp_path):
+    out = convert(interop / "yolov9-s.pt", tmp_path / "ours.pt")
+    raw = torch.load(out, weights_only=True)  # plain torch, no allowlist: no pickled classes inside
+    assert raw["format"] == "yolov9-trt" and raw["cfg"]["name"] == "yolov9-s" and len(raw["names"]) == 80
+    ref = np.load(interop / "yolov9-s.ref.npz")
+    model = load_model(out)
+    with torch.no_grad():
+        pred = model(torch.from_numpy(ref["images"]))
+    assert rel_l2(pred[1], torch.from_numpy(ref["pred1"])) < 1e-4
+    assert model.names[0] == "person"
+
+
+class _Evil:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _Evil(marker), "epoch": -1}, path)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(path)
+    msg = str(e.value)
+    assert "posix.system" in msg or "os.system" in msg
+    assert "\n" not in msg
+    assert not marker.exists()
+
+
+def test_global_smuggled_into_an_official_looking_pickle(tmp_path):
+    """A raw protocol-2 pickle that names builtins.eval inside a torch zip archive."""
+    payload = b"\x80\x02cbuiltins\neval\nq\x00X\x0b\x00\x00\x00print('hi')q\x01\x85q\x02Rq\x03."
+    path = tmp_path / "crafted.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("crafted/data.pkl", payload)
+        z.writestr("crafted/byteorder", "little")
+        z.writestr("crafted/version", "3\n")
+    with pytest.raises(CheckpointError, match="references .eval."):
+        read_checkpoint(path)
+
+
+def test_truncated_and_foreign_files_give_one_line(interop, tmp_path):
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((interop / "gelan-c.pt").read_bytes()[:100_000])
+    txt = tmp_path / "notes.pt"
+    txt.write_text("hello")
+    data = io.BytesIO()
+    pickle.dump({"x": 1}, data)
+    with pytest.raises(CheckpointError) as e1:
+        read_checkpoint(cut)
+    with pytest.raises(CheckpointError) as e2:
+        read_checkpoint(txt)
+    for e in (e1, e2):
+        assert "\n" not in str(e.value)
+    no_model = tmp_path / "nomodel.pt"
+    torch.save({"weights": torch.zeros(2)}, no_model)
+    with pytest.raises(CheckpointError, match="not a YOLOv9 checkpoint"):
+        read_checkpoint(no_model)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00" * 64)
+    r = subprocess.run([sys.executable, "-m", "train.cli", "convert", str(bad), str(tmp_path / "o.pt")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "bad.pt" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_info_cli_prints_params_and_gflops(interop):
+    r = subprocess.run([sys.executable, "-m", "train.cli", "info", str(interop / "gelan-c.pt")],
+                       capture_output=True, text=True, check=True)
+    last = r.stdout.strip().splitlines()[-1]
+    assert "25,498,752 parameters" in last and "GFLOPs at 640" in last
+    gflops = float(last.split("parameters, ")[1].split(" GFLOPs")[0])
+    assert 95 < gflops < 110  # official summary: 103.5
