@@ -235,7 +235,7 @@ class Trainer:
         loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin)
         val_loader = build_loader(self.val_ds, batch * 2, cfg.workers, False, pin=pin) if self.val_ds else None
         nb = len(loader)
-        nw = max(round(hyp.warmup_epochs * nb), 100)
+        nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
         monitor = GpuMonitor(dev)
         log_path = self.dir / "results.jsonl"
         writer = _tensorboard(self.dir)

@@ -1,0 +1,142 @@
+"""Dataset formats, bad data handling, augmentation output and the rank-aware sampler."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from train.data.dataset import DetectionDataset, EpochSampler, build_loader
+from train.data.formats import load_split, resolve_data
+
+
+def test_yolo_coco128_loads_with_background_report(coco128):
+    idx = load_split(resolve_data(coco128), "train")
+    assert len(idx.images) == 128 and len(idx.names) == 80
+    assert sum(len(lab) for lab in idx.labels) == 929
+    assert "2 images without a label file" in idx.problems.summary()
+
+
+def test_coco_json_loads_with_its_class_names(tiny_coco):
+    idx = load_split(resolve_data(tiny_coco / "annotations" / "instances_val2017.json"), "val")
+    assert len(idx.images) == 50 and idx.names[0] == "person" and len(idx.names) == 80
+    assert all(p.exists() for p in idx.images)
+    assert 300 < sum(len(lab) for lab in idx.labels) <= 382  # crowd boxes are left out
+    assert idx.coco_category_ids[-1] == 90
+
+
+def _make_voc(root: Path, coco128: Path, n: int = 4) -> None:
+    (root / "Annotations").mkdir(parents=True)
+    (root / "JPEGImages").mkdir()
+    names = ["person", "car", "dog"]
+    from PIL import Image
+
+    imgs = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]
+    for k, img in enumerate(imgs):
+        shutil.copy(img, root / "JPEGImages" / img.name)
+        w, h = Image.open(img).size
+        objs = "".join(f"<object><name>{names[j % 3]}</name><bndbox><xmin>{10 + j}</xmin><ymin>20</ymin>"
+                       f"<xmax>{100 + j}</xmax><ymax>120</ymax></bndbox></object>" for j in range(k + 1))
+        objs += "<object><name>unicorn</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>"
+        (root / "Annotations" / f"{img.stem}.xml").write_text(
+            f"<annotation><filename>{img.name}</filename><size><width>{w}</width><height>{h}</height></size>"
+            f"{objs}</annotation>")
+    (root / "Annotations" / "broken.xml").write_text("<annotation><size>")
+
+
+def test_voc_xml_loads_and_reports_unknown_classes(coco128, tmp_path):
+    _make_voc(tmp_path / "voc", coco128)
+    (tmp_path / "voc.yaml").write_text(yaml.safe_dump({"path": "voc", "format": "voc", "train": ".", "val": ".",
+                                                       "names": ["person", "car", "dog"]}))
+    idx = load_split(resolve_data(tmp_path / "voc.yaml"), "train")
+    assert len(idx.images) == 4 and idx.names == ["person", "car", "dog"]
+    assert [len(lab) for lab in idx.labels] == [1, 2, 3, 4]
+    summary = idx.problems.summary()
+    assert "unknown class" in summary and "unreadable annotation" in summary and "broken.xml" in summary
+    ds = DetectionDataset(idx, 128, augment=False)
+    img, lab, _, _ = ds[0]
+    assert img.shape == (3, 128, 128) and img.dtype == torch.uint8
+
+
+@pytest.fixture()
+def messy_dataset(coco128, tmp_path) -> Path:
+    """A YOLO dataset with a truncated JPEG, a text file named .jpg, labels out of range, an empty label file
+    and an image without labels."""
+    root = tmp_path / "messy"
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    src = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:6]
+    for img in src:
+        shutil.copy(img, root / "images" / img.name)
+        lab = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
+        if lab.exists():
+            shutil.copy(lab, root / "labels" / lab.name)
+    data = (root / "images" / src[0].name).read_bytes()
+    (root / "images" / src[0].name).write_bytes(data[: len(data) // 2])  # truncated
+    (root / "images" / "notes.jpg").write_text("not an image")
+    (root / "labels" / "notes.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+    (root / "labels" / f"{src[1].stem}.txt").write_text("0 0.5 0.5 0.2 0.2\n99 0.5 0.5 0.2 0.2\n3 1.8 0.5 0.2 0.2\n")
+    (root / "labels" / f"{src[2].stem}.txt").write_text("")
+    (root / "labels" / f"{src[3].stem}.txt").unlink(missing_ok=True)
+    (root / "labels" / f"{src[4].stem}.txt").write_text("garbage line\n")
+    return root
+
+
+def test_bad_data_is_skipped_and_reported_once(messy_dataset):
+    idx = load_split(resolve_data(messy_dataset), "train")
+    ds = DetectionDataset(idx, 160, augment=True)
+    summary = ds.problems.summary()
+    assert len(ds) == 5  # 7 files, truncated and fake image skipped
+    for kind in ("truncated", "unreadable or corrupt images", "out-of-range rows", "empty label files",
+                 "without a label file", "unreadable label files"):
+        assert kind in summary, kind
+    assert "notes.jpg" in summary
+    bad_rows = [lab for p, lab in zip(ds.images, ds.labels) if p.name.startswith(messy_dataset.name)]
+    assert all(len(lab) <= 1 for lab in bad_rows)
+    loader = build_loader(ds, 4, 0, True)
+    seen = sum(b[0].shape[0] for b in loader)
+    assert seen == 5
+
+
+def test_augmented_samples_are_deterministic_per_epoch(coco128):
+    ds = DetectionDataset(load_split(resolve_data(coco128), "train"), 160, augment=True)
+    ds.set_epoch(3)
+    a, la, _, _ = ds[7]
+    b, lb, _, _ = ds[7]
+    ds.set_epoch(4)
+    c, _, _, _ = ds[7]
+    assert torch.equal(a, b) and torch.equal(la, lb) and not torch.equal(a, c)
+    assert a.shape == (3, 160, 160) and a.dtype == torch.uint8
+    assert (la[:, 1:] >= 0).all() and (la[:, 1:] <= 1).all()
+    ds.set_mosaic(False)
+    d, _, _, _ = ds[7]
+    assert d.shape == (3, 160, 160)
+
+
+def test_cache_modes_give_identical_samples(coco128, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    idx = load_split(resolve_data(coco128), "train")
+    idx.images, idx.labels = idx.images[:8], idx.labels[:8]
+    plain = DetectionDataset(idx, 128, augment=True)
+    ram = DetectionDataset(idx, 128, augment=True, cache="ram", workers=2)
+    disk = DetectionDataset(idx, 128, augment=True, cache="disk", workers=2)
+    for i in range(3):
+        assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
+
+
+def test_sampler_splits_epochs_across_ranks():
+    parts = []
+    for rank in range(3):
+        s = EpochSampler(10, shuffle=True, seed=1, rank=rank, world=3)
+        s.set_epoch(2)
+        parts.append(list(s))
+    flat = sorted(x for p in parts for x in p)
+    assert all(len(p) == 4 for p in parts) and set(flat) == set(range(10)) and len(flat) == 12
+    s = EpochSampler(10, shuffle=True, seed=1)
+    s.set_epoch(3)
+    assert list(s) != parts[0] and sorted(s) == list(range(10))
+    np.testing.assert_array_equal(list(s), list(s))
