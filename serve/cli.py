@@ -1,5 +1,181 @@
-"""Subcommands of the serving side (filled in by the serving issue)."""
+"""Subcommands of the serving side: `serve` (Triton + gateway together), `serve build-repo|triton|gateway`,
+and `loadtest`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+SAMPLES = Path(__file__).resolve().parents[1] / "assets" / "images"
+
+
+def _add_triton_ports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--triton-http-port", type=int, default=8000, help="Triton HTTP port")
+    p.add_argument("--triton-grpc-port", type=int, default=8001, help="Triton gRPC port")
+    p.add_argument("--triton-metrics-port", type=int, default=8002, help="Triton metrics port")
+
+
+def _add_repo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", default="model_repository", help="model repository folder")
+    p.add_argument("--name", default="yolov9", help="model name in the repository")
+    p.add_argument("--max-batch", type=int, default=64, help="Triton max_batch_size")
+    p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
+    p.add_argument("--instances", type=int, default=1, help="model instances")
+    p.add_argument("--kind", default="auto", choices=["auto", "gpu", "cpu"], help="instance kind")
+    p.add_argument("--max-det", type=int, default=100, help="detections per image (fixed output size)")
+    p.add_argument("--img", type=int, default=None, help="inference size (default: the engine's)")
+
+
+def _build_repo(args: argparse.Namespace, engine: str) -> Path:
+    from serve.repository import build_repo
+
+    return build_repo(engine, args.repo, args.name, args.max_batch, queue_delay_us=args.queue_delay_us,
+                      instances=args.instances, kind=args.kind, max_det=args.max_det, img_size=args.img,
+                      trt_variant=getattr(args, "trt_variant", False))
+
+
+def _cmd_build_repo(args: argparse.Namespace) -> None:
+    d = _build_repo(args, args.engine)
+    print(f"wrote {d}")
+
+
+def _wait_forever(*procs) -> None:
+    try:
+        while all(p.proc is not None and p.proc.poll() is None for p in procs):
+            time.sleep(0.5)
+        print("a server process exited; stopping")
+    except KeyboardInterrupt:
+        print("stopping")
+
+
+def _cmd_triton(args: argparse.Namespace) -> None:
+    from serve.triton_server import TritonServer
+
+    srv = TritonServer(args.repo, args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
+                       host=args.host, log_file=args.log)
+    srv.start(args.timeout, model=args.name)
+    print(f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url} (Ctrl-C stops)")
+    try:
+        _wait_forever(srv)
+    finally:
+        srv.stop()
+
+
+def _cmd_gateway(args: argparse.Namespace) -> None:
+    from serve.gateway.process import GatewayProcess
+
+    gw = GatewayProcess(args.triton.split(","), args.host, args.port, args.workers, args.name,
+                        max_upload_bytes=args.max_upload_bytes)
+    gw.start()
+    print(f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton} (Ctrl-C stops)")
+    try:
+        _wait_forever(gw)
+    finally:
+        gw.stop()
+
+
+def _cmd_serve(args: argparse.Namespace) -> None:
+    """Triton and the gateway together on the given weights or engine."""
+    from serve.gateway.process import GatewayProcess
+    from serve.triton_server import TritonServer
+
+    if not args.weights:
+        raise ValueError("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
+    if args.repo == "model_repository" and args.once:
+        args.repo = tempfile.mkdtemp(prefix="yolov9-repo-")
+    _build_repo(args, args.weights)
+    log_dir = Path(tempfile.mkdtemp(prefix="yolov9-serve-"))
+    srv = TritonServer(args.repo, args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
+                       host=args.host, log_file=log_dir / "triton.log")
+    srv.start(args.timeout, model=args.name)
+    gw = GatewayProcess([srv.grpc_url], args.host, args.port, args.workers, args.name,
+                        log_file=log_dir / "gateway.log")
+    try:
+        gw.start()
+        print(f"serving {args.weights}: gateway {gw.url} (docs {gw.url}/docs), Triton gRPC {srv.grpc_url}")
+        if args.once:
+            sample = sorted(SAMPLES.glob("*.jpg"))[0]
+            req = urllib.request.Request(f"{gw.url}/v1/detect?conf={args.conf}", data=sample.read_bytes(),
+                                         headers={"Content-Type": "image/jpeg"}, method="POST")
+            with urllib.request.urlopen(req, timeout=60) as r:
+                body = json.loads(r.read())
+            print(f"POST /v1/detect {sample.name} -> {len(body['detections'])} detections in "
+                  f"{body['latency_ms']} ms")
+            print(json.dumps(body["detections"][:10], indent=1))
+        else:
+            _wait_forever(srv, gw)
+    finally:
+        gw.stop()
+        srv.stop()
+
+
+def _loadtest(args: argparse.Namespace) -> None:
+    from serve.loadtest import run_loadtest
+
+    run_loadtest(args)
 
 
 def register(sub) -> None:
-    pass
+    s = sub.add_parser("serve", help="serve a model: Triton + FastAPI gateway (or one part: see subcommands)",
+                       description="With --weights: build the model repository, start Triton and the gateway, "
+                                   "and serve until Ctrl-C (or answer one request with --once).")
+    s.add_argument("--weights", default=None, help="checkpoint, zoo name or engine file (.onnx, .pt2, .plan)")
+    s.add_argument("--host", default="127.0.0.1", help="address the gateway and Triton bind to")
+    s.add_argument("--port", type=int, default=8080, help="gateway port")
+    s.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    s.add_argument("--once", action="store_true", help="answer one request with a sample image, then stop")
+    s.add_argument("--conf", type=float, default=0.25, help="--once: score threshold of the sample request")
+    s.add_argument("--timeout", type=float, default=300, help="seconds to wait for Triton to be ready")
+    _add_triton_ports(s)
+    _add_repo_args(s)
+    s.set_defaults(func=_cmd_serve)
+    ss = s.add_subparsers(dest="serve_cmd", metavar="PART")
+
+    p = ss.add_parser("build-repo", help="fill the Triton model repository for an engine")
+    p.add_argument("--engine", required=True, help="engine file (.onnx, .pt2, .plan), checkpoint or zoo name")
+    p.add_argument("--trt-variant", action="store_true",
+                   help="also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton")
+    _add_repo_args(p)
+    p.set_defaults(func=_cmd_build_repo)
+
+    p = ss.add_parser("triton", help="start Triton on the repository and wait until the model is ready")
+    p.add_argument("--repo", default="model_repository", help="model repository folder")
+    p.add_argument("--name", default="yolov9", help="model to wait for")
+    p.add_argument("--host", default="127.0.0.1", help="bind address")
+    p.add_argument("--log", default=None, help="write Triton's log here")
+    p.add_argument("--timeout", type=float, default=300, help="seconds to wait for readiness")
+    _add_triton_ports(p)
+    p.set_defaults(func=_cmd_triton)
+
+    p = ss.add_parser("gateway", help="start the FastAPI gateway (uvicorn) in front of Triton")
+    p.add_argument("--triton", default="127.0.0.1:8001", help="comma list of Triton gRPC endpoints")
+    p.add_argument("--name", default="yolov9", help="Triton model name")
+    p.add_argument("--host", default="127.0.0.1", help="bind address")
+    p.add_argument("--port", type=int, default=8080, help="port")
+    p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p.add_argument("--max-upload-bytes", type=int, default=20 * 2**20, help="largest accepted image")
+    p.set_defaults(func=_cmd_gateway)
+
+    s = sub.add_parser("loadtest", help="load-test the gateway or Triton (concurrency sweep or open-loop rate)",
+                       description="Send real images to URL and report throughput, latency percentiles and errors. "
+                                   "Only the given URL is targeted; the default is loopback.")
+    s.add_argument("--target", choices=["gateway", "triton"], default="gateway", help="what URL points at")
+    s.add_argument("--url", default=None, help="gateway base URL (default http://127.0.0.1:8080) or Triton gRPC "
+                                                "host:port (default 127.0.0.1:8001)")
+    s.add_argument("--images", default=str(SAMPLES), help="folder of images to send (cycled)")
+    s.add_argument("--concurrency", default="1,8,32", help="comma list: closed-loop sweep steps")
+    s.add_argument("--rate", type=float, default=None, help="open-loop requests/s instead of a concurrency sweep")
+    s.add_argument("--duration", type=float, default=10.0, help="seconds per step (after warm-up)")
+    s.add_argument("--requests", type=int, default=None, help="stop a step after this many requests")
+    s.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per step, not counted")
+    s.add_argument("--procs", type=int, default=1, help="client processes sharing the load")
+    s.add_argument("--model", default="yolov9", help="Triton model name (target triton)")
+    s.add_argument("--conf", type=float, default=0.25, help="score threshold sent with each request")
+    s.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
+    s.add_argument("--triton-metrics", default=None, help="Triton metrics URL to scrape (queue/compute time, batch)")
+    s.add_argument("--out", default="loadtest.json", help="results JSON (CSV and PNG are written beside it)")
+    s.set_defaults(func=_loadtest)

@@ -1,0 +1,69 @@
+"""Running the gateway as a uvicorn process (N workers) on loopback, for the CLI and the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class GatewayProcess:
+    def __init__(self, triton_urls: list[str], host: str = "127.0.0.1", port: int = 8080, workers: int = 1,
+                 model: str = "yolov9", max_upload_bytes: int | None = None, timeout_s: float | None = None,
+                 api_key: str | None = None, max_in_flight: int | None = None, log_file: str | Path | None = None):
+        self.host, self.port, self.workers = host, port, workers
+        self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls), "YOLOV9_MODEL": model}
+        for key, value in (("YOLOV9_MAX_UPLOAD_BYTES", max_upload_bytes), ("YOLOV9_TIMEOUT_S", timeout_s),
+                           ("YOLOV9_API_KEY", api_key), ("YOLOV9_MAX_IN_FLIGHT", max_in_flight)):
+            if value is not None:
+                self.env[key] = str(value)
+        if workers > 1:  # prometheus-client aggregates the workers' metrics through files in this folder
+            self.env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="yolov9-prom-")
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        self.log_file = log_file
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
+        cmd = [sys.executable, "-m", "uvicorn", "serve.gateway.app:app", "--factory", "--host", self.host,
+               "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning",
+               "--timeout-graceful-shutdown", "5", "--no-access-log"]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with code {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"gateway not answering after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> GatewayProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

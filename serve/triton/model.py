@@ -1,0 +1,58 @@
+"""Triton python-backend model for YOLOv9 detection: thin by design, the work lives in serve/detector.py.
+
+Tensors cross the stub through DLPack only: the stub of the nvidia-pytriton server was built against numpy 1.x and
+mis-shapes `pb_utils.Tensor(name, ndarray)` outputs under numpy 2."""
+
+import json
+
+import torch
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils
+
+from serve.detector import Detector, Request
+
+
+def _input(request, name):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else torch.from_dlpack(t.to_dlpack())
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        kind = args.get("model_instance_kind", "CPU")
+        device = f"cuda:{args['model_instance_device_id']}" if kind == "GPU" else "cpu"
+        engine = params["engine"]
+        if not engine.startswith("/"):
+            engine = f"{args['model_repository']}/{args['model_version']}/{engine}"
+        self.detector = Detector(engine, device=device, max_det=int(params.get("max_det", 100)),
+                                 img_size=int(params.get("img_size", 640)))
+        self.detector.warmup()
+
+    def execute(self, requests):
+        parsed = []
+        for req in requests:
+            data = _input(req, "IMAGE").reshape(-1).cpu().numpy().tobytes()
+            conf, iou = _input(req, "CONF"), _input(req, "IOU")
+            max_det, classes = _input(req, "MAX_DET"), _input(req, "CLASSES")
+            parsed.append(Request(data,
+                                  conf=float(conf.reshape(-1)[0]) if conf is not None else 0.25,
+                                  iou=float(iou.reshape(-1)[0]) if iou is not None else 0.45,
+                                  max_det=int(max_det.reshape(-1)[0]) if max_det is not None else 100,
+                                  classes=classes.reshape(-1).tolist() if classes is not None and classes.numel()
+                                  else None))
+        responses = []
+        for res in self.detector(parsed):
+            if isinstance(res, Exception):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
+                continue
+            dets, n = res
+            out = [pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets[None].contiguous())),
+                   pb_utils.Tensor.from_dlpack("NUM_DETS", torch.utils.dlpack.to_dlpack(
+                       torch.tensor([[n]], dtype=torch.int32, device=dets.device)))]
+            responses.append(pb_utils.InferenceResponse(output_tensors=out))
+        return responses
+
+    def finalize(self):
+        self.detector = None

@@ -1,0 +1,148 @@
+"""Starting and stopping the real Triton Inference Server.
+
+The binary is `$TRITONSERVER`, else `tritonserver` on PATH (NGC containers), else the one shipped in the
+nvidia-pytriton wheel (install it with `pip install --no-deps nvidia-pytriton`; it pins numpy<2, which we do not
+need since tensors cross the python backend through DLPack). The wheel keeps one python-backend stub per Python
+version, so we assemble a backend folder with the stub of the running interpreter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class TritonError(RuntimeError):
+    pass
+
+
+def _pytriton_dir() -> Path | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def find_server() -> tuple[Path, Path, dict]:
+    """(binary, backend directory, extra environment)."""
+    env: dict[str, str] = {}
+    if os.environ.get("TRITONSERVER"):
+        binary = Path(os.environ["TRITONSERVER"])
+        backends = Path(os.environ.get("TRITON_BACKENDS", binary.parents[1] / "backends"))
+        return binary, backends, env
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path), Path(os.environ.get("TRITON_BACKENDS", "/opt/tritonserver/backends")), env
+    root = _pytriton_dir()
+    if root is None or not (root / "bin" / "tritonserver").exists():
+        raise TritonError("no Triton server found: pip install --no-deps nvidia-pytriton (ships the server binary), "
+                          "set TRITONSERVER, or run inside an NGC Triton container")
+    binary = root / "bin" / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonError(f"the nvidia-pytriton wheel has no python-backend stub for Python {version}")
+    # a backend folder of our own: the wheel's python backend plus the stub for this interpreter
+    backends = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yolov9-trt" / f"backends-{version}"
+    py = backends / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for f in (root / "backends" / "python").iterdir():
+        if f.is_file() and not (py / f.name).exists():
+            shutil.copy2(f, py / f.name)
+    if not (py / "triton_python_backend_stub").exists():
+        shutil.copy2(stub, py / "triton_python_backend_stub")
+    for f in (binary, py / "triton_python_backend_stub"):
+        f.chmod(f.stat().st_mode | 0o111)
+    libs = [sysconfig.get_config_var("LIBDIR") or "", str(root.parent.parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":")
+    return binary, backends, env
+
+
+class TritonServer:
+    """A tritonserver process on loopback; use as a context manager or call start()/stop()."""
+
+    def __init__(self, repo: str | Path, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
+                 host: str = "127.0.0.1", log_file: str | Path | None = None, extra_args: list[str] | None = None):
+        self.repo, self.host = Path(repo).resolve(), host
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_file, self.extra_args = log_file, extra_args or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 180.0, model: str | None = None) -> TritonServer:
+        binary, backends, env_extra = find_server()
+        env = {**os.environ, **env_extra}
+        # the python-backend stub must import this project (editable install or not) and its dependencies
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
+        cmd = [str(binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
+               f"--http-address={self.host}", f"--http-port={self.http_port}",
+               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+               f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+               "--allow-metrics=true", "--log-verbose=0", "--exit-timeout-secs=10", *self.extra_args]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(timeout, model)
+        return self
+
+    def ready(self, model: str | None = None) -> bool:
+        url = f"{self.http_url}/v2/models/{model}/ready" if model else f"{self.http_url}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float, model: str | None = None) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise TritonError(f"tritonserver exited with code {self.proc.returncode}"
+                                  + (f"; see {self.log_file}" if self.log_file else ""))
+            if self.ready(model):
+                return
+            time.sleep(0.3)
+        self.stop()
+        raise TritonError(f"tritonserver not ready after {timeout:.0f} s" + (f"; see {self.log_file}" if
+                                                                                 self.log_file else ""))
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)  # Triton shuts down cleanly on SIGINT/SIGTERM
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """Hard stop (tests: Triton dies under the gateway)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
