@@ -36,6 +36,8 @@ def image_size(data: bytes) -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
             fmt = im.format
+    except Image.DecompressionBombError:
+        raise ImageError(f"image declares more pixels than the limit of {MAX_PIXELS:,}") from None
     except Exception:
         raise ImageError("not a decodable image (unknown format or corrupt header)") from None
     if fmt not in ("JPEG", "PNG", "BMP", "WEBP", "GIF", "TIFF", "MPO"):

@@ -143,7 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             return image_size(data)
         except ImageError as e:
-            status, kind = (413, "too_large") if "over the limit" in str(e) else (400, "bad_image")
+            status, kind = (413, "too_large") if "limit" in str(e) else (400, "bad_image")
             raise GatewayError(status, kind, str(e)) from None
 
     async def detect_one(data: bytes, p: DetectParams) -> DetectResponse:

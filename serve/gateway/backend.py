@@ -37,7 +37,11 @@ class TritonPool:
         if not urls:
             raise ValueError("no Triton endpoint given")
         self.urls, self.model, self.timeout_s = urls, model, timeout_s
-        self.clients = [grpcclient.InferenceServerClient(u) for u in urls]
+        # short reconnect backoff: after a Triton restart the gateway recovers within about a second
+        args = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_send_message_length", 64 * 2**20),
+                ("grpc.max_receive_message_length", 64 * 2**20)]
+        self.clients = [grpcclient.InferenceServerClient(u, channel_args=args) for u in urls]
         self._next = itertools.cycle(range(len(self.clients)))
         self.names: list[str] | None = None
 

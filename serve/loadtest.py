@@ -1,0 +1,241 @@
+"""`yolov9 loadtest`: closed-loop concurrency sweeps or open-loop request rates against the gateway (HTTP) or
+Triton (gRPC), with real images, connection reuse and optionally several client processes. Reports throughput,
+latency percentiles, errors by kind and the client's own CPU use; writes JSON, CSV and a latency/throughput PNG."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import multiprocessing as mp
+import os
+import re
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+IMG_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+@dataclass
+class Step:
+    target: str
+    url: str
+    model: str
+    concurrency: int | None
+    rate: float | None
+    warmup: float
+    duration: float
+    requests: int | None
+    conf: float
+    timeout: float
+
+
+def load_images(folder: str | Path, limit: int = 512) -> list[bytes]:
+    files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMG_SUFFIXES)[:limit]
+    if not files:
+        raise FileNotFoundError(f"{folder}: no images to send")
+    return [f.read_bytes() for f in files]
+
+
+def _error_kind(status: int | None, exc: BaseException | None) -> str:
+    if exc is not None:
+        name = type(exc).__name__.lower()
+        return "timeout" if "timeout" in name or "deadline" in str(exc).lower() else f"client:{type(exc).__name__}"
+    return f"http_{status}"
+
+
+async def _run_step(step: Step, images: list[bytes], t_start: float, share: float) -> list[tuple]:
+    """Samples (start time, latency s, error kind or '') from this process's share of the load."""
+    samples: list[tuple] = []
+    end = t_start + step.warmup + step.duration
+    budget = int(step.requests * share) if step.requests else None
+    counter = [0]
+    if step.target == "gateway":
+        import aiohttp
+
+        conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=step.timeout))
+        url = f"{step.url.rstrip('/')}/v1/detect?conf={step.conf}"
+
+        async def send(data: bytes) -> str:
+            async with session.post(url, data=data, headers={"Content-Type": "image/jpeg"}) as r:
+                await r.read()
+                return "" if r.status == 200 else _error_kind(r.status, None)
+
+        async def close():
+            await session.close()
+    else:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(step.url)
+
+        async def send(data: bytes) -> str:
+            arr = np.frombuffer(data, dtype=np.uint8)[None]
+            inp = grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")
+            inp.set_data_from_numpy(arr)
+            conf = grpcclient.InferInput("CONF", [1, 1], "FP32")
+            conf.set_data_from_numpy(np.array([[step.conf]], np.float32))
+            await client.infer(step.model, [inp, conf], client_timeout=step.timeout)
+            return ""
+
+        async def close():
+            await client.close()
+
+    async def one(k: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            kind = await send(images[k % len(images)])
+        except Exception as e:  # every failure is counted by kind, none stops the run
+            kind = _error_kind(None, e)
+        samples.append((t0, time.perf_counter() - t0, kind))
+
+    def more() -> bool:
+        return time.perf_counter() < end and (budget is None or counter[0] < budget)
+
+    while time.perf_counter() < t_start:
+        await asyncio.sleep(0.001)
+    if step.rate:  # open loop: send on schedule whatever the responses do
+        interval = 1.0 / (step.rate * share)
+        tasks, nxt = [], time.perf_counter()
+        while more():
+            tasks.append(asyncio.create_task(one(counter[0])))
+            counter[0] += 1
+            nxt += interval
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+        await asyncio.gather(*tasks)
+    else:
+        async def worker(w: int) -> None:
+            while more():
+                counter[0] += 1
+                await one(counter[0] + w)
+
+        n = max(1, round(step.concurrency * share))
+        await asyncio.gather(*(worker(w) for w in range(n)))
+    await close()
+    return samples
+
+
+def _proc_main(step: Step, images: list[bytes], t_start: float, share: float, q) -> None:
+    cpu0 = time.process_time()
+    samples = asyncio.run(_run_step(step, images, t_start, share))
+    q.put((samples, time.process_time() - cpu0))
+
+
+def scrape_triton(url: str | None) -> dict[str, float]:
+    if not url:
+        return {}
+    try:
+        text = urllib.request.urlopen(url, timeout=3).read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for name in ("nv_inference_request_success", "nv_inference_exec_count", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_infer_duration_us", "nv_inference_count"):
+        vals = re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.M)
+        out[name] = sum(float(v) for v in vals)
+    return out
+
+
+def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float, wall: float) -> dict:
+    kept = [s for s in samples if s[0] >= t_start + warmup]
+    ok = np.array([lat for _, lat, kind in kept if not kind]) * 1000
+    errors: dict[str, int] = {}
+    for _, _, kind in kept:
+        if kind:
+            errors[kind] = errors.get(kind, 0) + 1
+    span = (max(s[0] + s[1] for s in kept) - min(s[0] for s in kept)) if kept else 0.0
+    pct = (lambda q: round(float(np.percentile(ok, q)), 2)) if len(ok) else (lambda q: None)
+    return {"requests": len(kept), "ok": int(len(ok)), "errors": errors,
+            "requests_per_s": round(len(ok) / span, 1) if span else 0.0,
+            "images_per_s": round(len(ok) / span, 1) if span else 0.0,
+            "p50_ms": pct(50), "p90_ms": pct(90), "p95_ms": pct(95), "p99_ms": pct(99),
+            "max_ms": round(float(ok.max()), 2) if len(ok) else None,
+            "client_cpu_pct": round(100 * cpu_s / wall, 1) if wall else None}
+
+
+def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str | None = None) -> dict:
+    before = scrape_triton(metrics_url)
+    t_start = time.perf_counter() + 0.5
+    wall0 = time.perf_counter()
+    if procs <= 1:
+        cpu0 = time.process_time()
+        samples = asyncio.run(_run_step(step, images, t_start, 1.0))
+        cpu = time.process_time() - cpu0
+    else:
+        ctx = mp.get_context("fork")  # perf_counter is CLOCK_MONOTONIC: shared by forked children
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_proc_main, args=(step, images, t_start, 1.0 / procs, q)) for _ in range(procs)]
+        for p in ps:
+            p.start()
+        parts = [q.get() for _ in ps]
+        for p in ps:
+            p.join()
+        samples = [s for part, _ in parts for s in part]
+        cpu = sum(c for _, c in parts)
+    wall = time.perf_counter() - wall0
+    row = {"target": step.target, "concurrency": step.concurrency, "rate": step.rate, "procs": procs,
+           "client_cores": os.cpu_count(), **summarize(samples, t_start, step.warmup, cpu, wall)}
+    after = scrape_triton(metrics_url)
+    if before and after:
+        d = {k: after[k] - before.get(k, 0.0) for k in after}
+        if d.get("nv_inference_request_success"):
+            row["triton_queue_ms"] = round(d["nv_inference_queue_duration_us"] / d["nv_inference_request_success"]
+                                           / 1000, 3)
+            row["triton_compute_ms"] = round(d["nv_inference_compute_infer_duration_us"]
+                                             / d["nv_inference_request_success"] / 1000, 3)
+        if d.get("nv_inference_exec_count"):
+            row["triton_avg_batch"] = round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
+    return row
+
+
+def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "steps": rows}, indent=1))
+    keys = [k for k in rows[0] if k != "errors"] + ["errors"]
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "errors": json.dumps(r["errors"])})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["images_per_s"] for r in rows]
+    for key in ("p50_ms", "p99_ms"):
+        ax.plot(xs, [r[key] for r in rows], marker="o", label=key.replace("_ms", ""))
+    for r in rows:
+        ax.annotate(f"c={r['concurrency']}" if r["concurrency"] else f"{r['rate']}/s",
+                    (r["images_per_s"], r["p99_ms"] or 0), fontsize=7)
+    ax.set_xlabel("throughput (images/s)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"{meta['target']} {meta['url']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=100)
+    plt.close(fig)
+
+
+def run_loadtest(args) -> list[dict]:
+    url = args.url or ("http://127.0.0.1:8080" if args.target == "gateway" else "127.0.0.1:8001")
+    images = load_images(args.images)
+    steps = ([Step(args.target, url, args.model, None, args.rate, args.warmup, args.duration, args.requests,
+                   args.conf, args.timeout)] if args.rate else
+             [Step(args.target, url, args.model, int(c), None, args.warmup, args.duration, args.requests,
+                   args.conf, args.timeout) for c in args.concurrency.split(",")])
+    rows = []
+    for step in steps:
+        row = run_step(step, images, args.procs, args.triton_metrics)
+        print(json.dumps(row))
+        rows.append(row)
+    meta = {"target": args.target, "url": url, "images": len(images), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "duration_s": args.duration, "warmup_s": args.warmup, "procs": args.procs}
+    write_outputs(rows, Path(args.out), meta)
+    print(f"wrote {args.out} (+ .csv, .png)")
+    return rows

@@ -1,0 +1,58 @@
+"""A real Triton server and a real gateway on loopback, shared by the serving tests."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve.gateway.process import GatewayProcess
+from serve.repository import build_repo
+from serve.triton_server import TritonServer, find_server
+from train.checkpoint import save_checkpoint
+from train.data.coco_names import COCO_NAMES
+from train.model import DetectionModel
+
+IMG = 320
+CONF = 1e-5  # a seeded random model scores about 1e-5: low thresholds give real, comparable detections
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "gelan_t.pt"
+    save_checkpoint(path, DetectionModel("gelan-t", names=COCO_NAMES))
+    return path
+
+
+@pytest.fixture(scope="session")
+def triton(checkpoint, tmp_path_factory):
+    try:
+        find_server()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    repo = tmp_path_factory.mktemp("repo")
+    build_repo(checkpoint, repo, "yolov9", max_batch=16, queue_delay_us=1000, kind="cpu", img_size=IMG)
+    logs = tmp_path_factory.mktemp("logs")
+    srv = TritonServer(repo, free_port(), free_port(), free_port(), log_file=logs / "triton.log")
+    srv.start(timeout=180, model="yolov9")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(triton, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("gwlogs")
+    gw = GatewayProcess([triton.grpc_url], port=free_port(), workers=2, max_upload_bytes=2 * 2**20,
+                        log_file=logs / "gateway.log")
+    gw.start()
+    yield gw
+    gw.stop()

@@ -1,0 +1,153 @@
+"""The real Triton server behind the real gateway: results, bad input, concurrency, outage and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import time
+import zlib
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from serve.detector import Detector, Request
+from serve.gateway.process import GatewayProcess
+from tests.serve.conftest import CONF, IMG, free_port
+
+
+def _coco_images(coco128, n: int) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]]
+
+
+def _post(gw, data: bytes, ctype: str = "image/jpeg", params: str = f"conf={CONF}", path: str = "/v1/detect",
+          headers: dict | None = None):
+    return httpx.post(f"{gw.url}{path}?{params}", content=data, headers={"Content-Type": ctype, **(headers or {})},
+                      timeout=60)
+
+
+def test_http_detections_equal_local_inference(gateway, checkpoint, coco128):
+    local = Detector(str(checkpoint), device="cpu", img_size=IMG)
+    for data in _coco_images(coco128, 4):
+        r = _post(gateway, data)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        (dets, n), = local([Request(data, conf=CONF, iou=0.45, max_det=100)])
+        got = np.array([d["box"] + [d["score"], d["class_id"]] for d in body["detections"]]).reshape(-1, 6)
+        assert len(got) == n > 0
+        np.testing.assert_allclose(got[:, :4], dets[:n, :4].numpy(), atol=0.02)
+        np.testing.assert_array_equal(got[:, 5], dets[:n, 5].numpy())
+        w, h = Image.open(io.BytesIO(data)).size
+        assert (body["width"], body["height"]) == (w, h)
+        assert all(0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h
+                   for d in body["detections"])
+        assert body["detections"][0]["class_name"] in ("person", "bicycle") or body["detections"][0]["class_name"]
+
+
+def test_multipart_batch_annotated_models_and_docs(gateway, coco128):
+    imgs = _coco_images(coco128, 3)
+    r = httpx.post(f"{gateway.url}/v1/detect?conf={CONF}", files={"file": ("a.jpg", imgs[0], "image/jpeg")})
+    assert r.status_code == 200 and r.json()["detections"]
+    r = httpx.post(f"{gateway.url}/v1/detect/batch?conf={CONF}&max_det=5",
+                   files=[("files", (f"{i}.jpg", b, "image/jpeg")) for i, b in enumerate(imgs)], timeout=60)
+    assert r.status_code == 200
+    assert [len(x["detections"]) for x in r.json()["results"]] == [5, 5, 5]
+    r = _post(gateway, imgs[1], path="/v1/detect/annotated")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
+    assert Image.open(io.BytesIO(r.content)).size == Image.open(io.BytesIO(imgs[1])).size
+    r = httpx.get(f"{gateway.url}/v1/models")
+    assert r.status_code == 200 and r.json()["models"][0]["classes"][0] == "person"
+    assert httpx.get(f"{gateway.url}/openapi.json").json()["paths"]["/v1/detect"]
+    assert httpx.get(f"{gateway.url}/docs").status_code == 200
+    every = _post(gateway, imgs[0]).json()["detections"]
+    keep = sorted({d["class_id"] for d in every})[:2]
+    only = _post(gateway, imgs[0], params=f"conf={CONF}&classes={','.join(map(str, keep))}").json()["detections"]
+    assert only and {d["class_id"] for d in only} <= set(keep)
+    assert len(only) == sum(d["class_id"] in keep for d in every)
+
+
+def _png_header(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("case,status", [
+    ("garbage", 400), ("truncated", 400), ("empty", 400), ("too_large", 413), ("bomb", 413),
+    ("wrong_type", 415), ("bad_conf", 422), ("bad_classes", 422), ("bad_max_det", 422)])
+def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco128, case, status):
+    good = _coco_images(coco128, 1)[0]
+    data, ctype, params = good, "image/jpeg", f"conf={CONF}"
+    if case == "garbage":
+        data = b"this is not an image at all" * 10
+    elif case == "truncated":
+        data = good[: len(good) // 3]
+    elif case == "empty":
+        data = b""
+    elif case == "too_large":
+        data = good + b"\x00" * (3 * 2**20)
+    elif case == "bomb":
+        data, ctype = _png_header(100_000, 100_000), "image/png"
+    elif case == "wrong_type":
+        ctype = "text/plain"
+    elif case == "bad_conf":
+        params = "conf=2"
+    elif case == "bad_classes":
+        params = "classes=cat"
+    elif case == "bad_max_det":
+        params = "max_det=0"
+    r = _post(gateway, data, ctype, params)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert ("error" in body and body["detail"]) if status != 422 else "detail" in body
+    assert _post(gateway, good).status_code == 200
+    assert httpx.get(f"{gateway.url}/readyz").status_code == 200
+
+
+def test_200_concurrent_requests_without_errors(gateway, coco128):
+    imgs = _coco_images(coco128, 8)
+
+    async def run():
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(limits=limits, timeout=120) as c:
+            reqs = [c.post(f"{gateway.url}/v1/detect?conf=0.5", content=imgs[i % 8],
+                           headers={"Content-Type": "image/jpeg"}) for i in range(200)]
+            return await asyncio.gather(*reqs)
+
+    codes = [r.status_code for r in asyncio.run(run())]
+    assert codes.count(200) == 200
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert "gateway_requests_total" in metrics and "gateway_request_seconds_bucket" in metrics
+    assert 'gateway_errors_total{kind="bad_image"}' in metrics
+
+
+def test_timeout_is_504_and_api_key_is_enforced(triton, coco128):
+    good = _coco_images(coco128, 1)[0]
+    with GatewayProcess([triton.grpc_url], port=free_port(), timeout_s=0.0005, api_key="s3cret") as gw:
+        gw.start()
+        assert _post(gw, good).status_code == 401
+        r = _post(gw, good, headers={"X-API-Key": "s3cret"})
+        assert r.status_code == 504, r.text
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200
+
+
+def test_triton_down_gives_503_then_recovers(triton, gateway, coco128):
+    good = _coco_images(coco128, 1)[0]
+    assert _post(gateway, good).status_code == 200
+    triton.kill()
+    try:
+        r = httpx.get(f"{gateway.url}/readyz")
+        assert r.status_code == 503 and r.headers.get("retry-after")
+        r = _post(gateway, good)
+        assert r.status_code == 503 and r.headers.get("retry-after") and r.json()["error"] == "unavailable"
+    finally:
+        triton.start(timeout=180, model="yolov9")
+    deadline = time.time() + 30  # each gateway worker reconnects on its own schedule (backoff at most 1 s)
+    codes = []
+    while time.time() < deadline and codes[-4:] != [200] * 4:
+        codes.append(_post(gateway, good).status_code)
+        time.sleep(0.1)
+    assert codes[-4:] == [200] * 4, codes
+    assert httpx.get(f"{gateway.url}/readyz").status_code == 200

@@ -1,0 +1,62 @@
+"""`yolov9 loadtest` against the real gateway and Triton on loopback, and the locustfile headless."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_loadtest(tmp_path, target: str, url: str, extra: list[str] | None = None) -> dict:
+    out = tmp_path / f"{target}.json"
+    cmd = [sys.executable, "-m", "train.cli", "loadtest", "--target", target, "--url", url, "--concurrency", "1,4",
+           "--duration", "2", "--warmup", "0.5", "--requests", "60", "--conf", "0.5", "--out", str(out),
+           *(extra or [])]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for suffix in (".json", ".csv", ".png"):
+        assert out.with_suffix(suffix).exists()
+    return json.loads(out.read_text())
+
+
+def test_sweep_against_gateway(gateway, triton, tmp_path):
+    res = _run_loadtest(tmp_path, "gateway", gateway.url, ["--triton-metrics", triton.metrics_url])
+    steps = res["steps"]
+    assert [s["concurrency"] for s in steps] == [1, 4]
+    for s in steps:
+        assert s["errors"] == {} and s["ok"] > 0 and s["images_per_s"] > 0
+        assert s["p50_ms"] <= s["p99_ms"] <= s["max_ms"]
+        assert s["client_cpu_pct"] is not None
+        assert s["triton_avg_batch"] >= 1.0 and s["triton_compute_ms"] > 0
+
+
+def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
+    res = _run_loadtest(tmp_path, "triton", triton.grpc_url, ["--procs", "2"])
+    for s in res["steps"]:
+        assert s["errors"] == {} and s["ok"] > 0 and s["procs"] == 2
+
+
+def test_open_loop_rate(gateway, tmp_path):
+    out = tmp_path / "rate.json"
+    r = subprocess.run([sys.executable, "-m", "train.cli", "loadtest", "--url", gateway.url, "--rate", "20",
+                        "--duration", "2", "--warmup", "0.5", "--conf", "0.5", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["rate"] == 20 and step["errors"] == {} and 25 <= step["ok"] <= 60
+
+
+def test_locustfile_headless(gateway, tmp_path):
+    prefix = tmp_path / "locust"
+    r = subprocess.run([sys.executable, "-m", "locust", "-f", str(ROOT / "serve" / "locustfile.py"), "--headless",
+                        "-u", "4", "-r", "4", "-t", "4s", "--host", gateway.url, "--csv", str(prefix),
+                        "--only-summary"], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "YOLOV9_LOADTEST_CONF": "0.5"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = (tmp_path / "locust_stats.csv").read_text().splitlines()
+    header, detect = rows[0].split(","), next(x for x in rows if "/v1/detect" in x).split(",")
+    stats = dict(zip(header, detect))
+    assert int(stats["Request Count"]) > 0 and int(stats["Failure Count"]) == 0
