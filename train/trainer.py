@@ -314,7 +314,7 @@ class Trainer:
             el = time.perf_counter() - t_epoch
             row = {"epoch": epoch, "box": mloss[0].item(), "cls": mloss[1].item(), "dfl": mloss[2].item(),
                    "lr": optimizer.param_groups[0]["lr"], "images_per_s": seen / el, "data_wait": t_wait / el,
-                   "mosaic": mosaic_on, "batch": batch}
+                   "mosaic": mosaic_on and hyp.mosaic > 0, "batch": batch}
             final = epoch == cfg.epochs - 1
             if val_loader is not None and ((epoch + 1) % cfg.val_interval == 0 or final or epoch == end_epoch - 1):
                 res = evaluate(ema.ema, val_loader, dev)

@@ -1,0 +1,153 @@
+"""Export: ONNX (raw and end-to-end NMS) against PyTorch through ONNX Runtime, the engine interface, val on an
+engine, AOTInductor packages, and TensorRT where it exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export.engine import OnnxEngine, TorchEngine, load_engine
+from export.onnx_export import export_onnx
+from tests.conftest import rel_l2, requires_cuda
+from train import load_model
+from train.boxes import non_max_suppression
+from train.checkpoint import save_checkpoint
+from train.model import DetectionModel
+from train.preprocess import decode_image, prepare_batch, to_input
+
+
+def _coco_batch(coco128, n=4, size=320):
+    files = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]
+    batch, _ = prepare_batch([decode_image(f) for f in files], size)
+    return to_input(batch)
+
+
+@pytest.mark.parametrize("weights", ["gelan-s", "yolov9-s-official"])
+def test_onnx_matches_pytorch(weights, interop, tmp_path, coco128):
+    if weights == "gelan-s":
+        torch.manual_seed(0)
+        src = tmp_path / "gelan-s.pt"
+        save_checkpoint(src, DetectionModel("gelan-s"))
+    else:
+        src = interop / "yolov9-s.pt"  # training model: exported as its re-parameterized GELAN form
+    out = export_onnx(load_model(src), tmp_path / "m.onnx", img=320)
+    proto = onnx.load(str(out))
+    onnx.checker.check_model(proto)
+    assert proto.opset_import[0].version >= 17
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["end2end"] == "false" and len(eval(meta["names"])) == 80  # noqa: S307 - our own JSON list
+    x = _coco_batch(coco128, 3)
+    ref = TorchEngine(load_model(src))(x)
+    got = OnnxEngine(out)(x)
+    assert got.shape == (3, 84, 2100)
+    assert rel_l2(got, ref) < 1e-4
+    if weights != "gelan-s":  # the ONNX graph reproduces the official main head too
+        ref_npz = np.load(interop / "yolov9-s.ref.npz")
+        assert rel_l2(OnnxEngine(out)(torch.from_numpy(ref_npz["images"])), torch.from_numpy(ref_npz["pred1"])) < 1e-4
+
+
+def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco128):
+    conf, iou = 0.05, 0.45
+    out = export_onnx(load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, end2end=True, conf=conf, iou=iou,
+                      max_det=100)
+    eng = OnnxEngine(out)
+    x = _coco_batch(coco128, 8, 160)
+    num, boxes, scores, classes = eng.run_end2end(x)
+    assert num.shape == (8, 1) and boxes.shape == (8, 100, 4) and scores.shape == (8, 100)
+    ref = non_max_suppression(TorchEngine(load_model(trained_tiny))(x), conf, iou, 100)
+    assert sum(len(r) for r in ref) > 0
+    for i, r in enumerate(ref):
+        n = int(num[i, 0])
+        got = torch.cat((boxes[i, :n], scores[i, :n, None], classes[i, :n, None].float()), 1)
+        clear = r[r[:, 4] > conf * 1.05]  # detections not sitting on the threshold must all be there
+        for det in clear:
+            match = (got[:, 5] == det[5]) & ((got[:, :4] - det[:4]).abs().max(1).values < 1e-2)
+            assert match.any(), (i, det)
+        assert abs(n - len(r)) <= max(1, len(r) // 20)
+        assert torch.all(scores[i, n:] == 0) and torch.all(boxes[i, n:] == 0)
+
+
+def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path, coco128):
+    onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160)
+    x = _coco_batch(coco128, 4, 160)
+    a, b = load_engine(trained_tiny, device="cpu")(x), load_engine(onnx_path)(x)
+    assert rel_l2(b, a) < 1e-4
+    da, db = non_max_suppression(a, 0.05), non_max_suppression(b, 0.05)
+    assert [len(d) for d in da] == [len(d) for d in db]
+    assert load_engine(f"auto:{trained_tiny}", device="cpu").kind == "onnx" if (
+        trained_tiny.with_suffix(".onnx").exists()) else True
+
+
+def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subset):
+    onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "v.onnx", img=160)
+    maps = []
+    for spec in (str(trained_tiny), str(onnx_path)):
+        out = tmp_path / f"{len(maps)}.json"
+        subprocess.run([sys.executable, "-m", "train.cli", "val", spec, "--data", str(tiny_subset), "--img", "160",
+                        "--device", "cpu", "--workers", "0", "--out", str(out)], check=True, capture_output=True)
+        maps.append(__import__("json").loads(out.read_text()))
+    assert maps[0]["map"] > 0.01  # the tiny model has learned something, so the comparison means something
+    assert maps[1]["map"] == pytest.approx(maps[0]["map"], abs=2e-3)
+    assert maps[1]["map50"] == pytest.approx(maps[0]["map50"], abs=2e-3)
+
+
+def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed here")
+    except ImportError:
+        pass
+    r = subprocess.run([sys.executable, "-m", "train.cli", "export", "trt", "gelan-t", "-o", str(tmp_path / "m.plan")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "pip install tensorrt" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128):
+    """AOTInductor on the CPU (the GPU fp16 package is tested on the GPU below)."""
+    from export.aoti import export_aoti
+
+    pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", img=160, half=False, device="cpu", max_batch=8)
+    eng = load_engine(pt2, device="cpu")
+    x = _coco_batch(coco128, 3, 160)
+    assert rel_l2(eng(x), TorchEngine(load_model(trained_tiny))(x)) < 1e-4
+
+
+@requires_cuda
+def test_aoti_cuda_fp16_matches_fp32(trained_tiny, tmp_path, coco128):
+    from export.aoti import export_aoti
+
+    pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", img=160, max_batch=16)
+    x = _coco_batch(coco128, 8, 160).cuda()
+    got = load_engine(pt2)(x)
+    ref = TorchEngine(load_model(trained_tiny), "cuda")(x)
+    assert rel_l2(got, ref) < 5e-3
+
+
+def _has_tensorrt() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _has_tensorrt(), reason="TensorRT is not installed here (it cannot be installed on our "
+                                                  "machines) or there is no CUDA GPU")
+def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco128):
+    from export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
+
+    onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160, half=needs_fp16_onnx())
+    plan = build_engine(onnx_path, tmp_path / "t.plan", 1, 4, 8, 1.0, tmp_path / "cache")
+    assert (tmp_path / "cache").exists() and plan.with_name(plan.name + ".json").exists()
+    x = _coco_batch(coco128, 4, 160)
+    got = TensorRTEngine(plan)(x.cuda()).cpu()
+    ref = OnnxEngine(onnx_path)(x)
+    assert rel_l2(got, ref) < 5e-3
