@@ -106,11 +106,26 @@ def _cmd_serve(args: argparse.Namespace) -> None:
             print(f"POST /v1/detect {sample.name} -> {len(body['detections'])} detections in "
                   f"{body['latency_ms']} ms")
             print(json.dumps(body["detections"][:10], indent=1))
+            return body
         else:
             _wait_forever(srv, gw)
     finally:
         gw.stop()
         srv.stop()
+
+
+def serve_once(weights: str, port: int = 8080, img: int | None = None, conf: float = 0.25) -> dict:
+    """Build a repository for `weights`, start Triton and the gateway, answer one request, stop."""
+    args = build_parser_for_serve().parse_args(["--weights", str(weights), "--once", "--port", str(port),
+                                                "--conf", str(conf)] + (["--img", str(img)] if img else []))
+    return _cmd_serve(args)
+
+
+def build_parser_for_serve() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="yolov9")
+    sub = p.add_subparsers(dest="command")
+    register(sub)
+    return sub.choices["serve"]
 
 
 def _loadtest(args: argparse.Namespace) -> None:
