@@ -12,10 +12,17 @@ from export.engine import AOTIEngine, CudaGraphEngine, OnnxEngine, TorchEngine
 from train import load_model
 
 
-def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int):
-    cuda = torch.cuda.is_available()
+def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int, built: dict):
+    """Engines are built once per base kind; '-graph' variants wrap the same engine in CUDA-graph replay."""
     graph = kind.endswith("-graph")
     base = kind.removesuffix("-graph")
+    if base not in built:
+        built[base] = _build_base(base, weights, img, workdir, max_batch)
+    return CudaGraphEngine(built[base]) if graph else built[base]
+
+
+def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int):
+    cuda = torch.cuda.is_available()
     if base == "onnx-cpu":
         from export.onnx_export import export_onnx
 
@@ -36,19 +43,19 @@ def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int):
         onnx = export_onnx(weights, workdir / "bench_trt.onnx", img=img, half=needs_fp16_onnx())
         eng = TensorRTEngine(build_engine(onnx, workdir / "bench.plan", 1, max_batch // 2, max_batch))
     else:
-        raise ValueError(f"unknown engine '{kind}'")
-    return CudaGraphEngine(eng) if graph else eng
+        raise ValueError(f"unknown engine '{base}'")
+    return eng
 
 
 def bench_engines(args) -> list[dict]:
     batches = [int(b) for b in args.batches.split(",")]
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, built = [], {}
     for kind in args.engines.split(","):
         try:
             t0 = time.time()
-            eng = _build(kind, args.weights, args.img, workdir, max(batches))
+            eng = _build(kind, args.weights, args.img, workdir, max(batches), built)
             build_s = time.time() - t0
         except (RuntimeError, ImportError) as e:
             print(json.dumps({"engine": kind, "skipped": str(e).splitlines()[0]}))
@@ -72,8 +79,6 @@ def bench_engines(args) -> list[dict]:
             print(json.dumps(row))
             rows.append(row)
         del eng
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return rows

@@ -77,7 +77,7 @@ def _val(args: argparse.Namespace) -> None:
     from train.data.formats import load_split, resolve_data
     from train.validate import evaluate, format_table
 
-    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img)
+    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img, half=args.half)
     ds = DetectionDataset(load_split(resolve_data(args.data), args.split), args.img, augment=False, desc="val")
     res = evaluate(engine, build_loader(ds, args.batch, args.workers, False), engine.device, engine.dtype,
                    conf=args.conf, iou=args.iou)
@@ -141,6 +141,8 @@ def register(sub, bench) -> None:
     s.add_argument("--batch", type=int, default=32, help="batch size")
     s.add_argument("--workers", type=int, default=4, help="loader worker processes")
     s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument("--half", action=argparse.BooleanOptionalAction, default=None,
+                   help="PyTorch weights: fp16 (default on CUDA) or fp32 (--no-half)")
     s.add_argument("--conf", type=float, default=0.001, help="score threshold before NMS")
     s.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     s.add_argument("--out", default=None, help="write the metrics as JSON here")
