@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import tempfile
 import time
 import urllib.request
@@ -43,7 +44,12 @@ def _cmd_build_repo(args: argparse.Namespace) -> None:
     print(f"wrote {d}")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _wait_forever(*procs) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the servers as cleanly as Ctrl-C does
     try:
         while all(p.proc is not None and p.proc.poll() is None for p in procs):
             time.sleep(0.5)

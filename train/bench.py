@@ -55,7 +55,7 @@ def bench_train(args) -> list[dict]:
         step, wait, t0, it = 0, 0.0, None, iter(loader)
         epoch = 0
         while step < total:
-            if step == args.warmup:
+            if step == args.warmup and t0 is None:
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 t0, wait = time.perf_counter(), 0.0
