@@ -34,7 +34,9 @@ def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int
     elif base == "aoti-fp16":
         from export.aoti import export_aoti
 
-        eng = AOTIEngine(export_aoti(weights, workdir / "bench.pt2", img=img, max_batch=max_batch))
+        pt2 = Path(weights) if weights.endswith(".pt2") else export_aoti(weights, workdir / "bench.pt2", img=img,
+                                                                            max_batch=max_batch)
+        eng = AOTIEngine(pt2)
     elif base == "trt-fp16":
         from export.onnx_export import export_onnx
         from export.tensorrt import TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx

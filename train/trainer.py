@@ -263,12 +263,13 @@ class Trainer:
                     ni = i + nb * epoch
                     if ni <= nw:  # warm-up: accumulate, LR and momentum ramp in
                         xi = [0, nw]
-                        accumulate = max(1, round(np.interp(ni, xi, [1, cfg.accumulate or cfg.nbs / batch])))
+                        accumulate = max(1, round(float(np.interp(ni, xi, [1, cfg.accumulate or cfg.nbs / batch]))))
                         for j, g in enumerate(optimizer.param_groups):
-                            g["lr"] = np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0,
-                                                         g["initial_lr"] * lf(epoch)])
+                            # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
+                            g["lr"] = float(np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0,
+                                                               g["initial_lr"] * lf(epoch)]))
                             if "momentum" in g:
-                                g["momentum"] = np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum])
+                                g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
                     x = imgs.to(dev, non_blocking=True)
                     if cfg.channels_last and dev.type == "cuda":
                         x = x.contiguous(memory_format=torch.channels_last)

@@ -67,6 +67,14 @@ def test_resume_continues_exactly(subset, tmp_path):
         assert b[2][key] == pytest.approx(a[2][key], rel=1e-5), key
 
 
+def test_resume_during_warmup(subset, tmp_path):
+    """Warm-up writes LR and momentum into the optimizer state; the checkpoint must stay weights_only-readable."""
+    part = Trainer(_cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1,
+                        hyp={**LIGHT, "warmup_epochs": 3.0})).fit()
+    resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
+    assert [r["epoch"] for r in _rows(resumed["run_dir"])] == [0, 1]
+
+
 def test_fine_tune_from_official_weights_with_new_classes(subset, interop, tmp_path):
     """--weights from an official checkpoint into a 80-class dataset keeps every tensor."""
     cfg = _cfg(subset, tmp_path, epochs=1, name="ft", weights=str(interop / "gelan-c.pt"), img=64, batch=4, nbs=4)
