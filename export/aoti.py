@@ -13,11 +13,18 @@ from train import load_model
 from train.model import DetectionModel
 
 
-def export_aoti(weights: str | Path | DetectionModel, out: str | Path, img: int = 640, half: bool = True,
-                device: str = "cuda", max_batch: int = 256) -> Path:
+def export_aoti(
+    weights: str | Path | DetectionModel,
+    out: str | Path,
+    img: int = 640,
+    half: bool = True,
+    device: str = "cuda",
+    max_batch: int = 256,
+) -> Path:
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("AOTInductor export for CUDA needs a CUDA GPU on this machine (use --device cpu for a "
-                           "CPU package)")
+        raise RuntimeError(
+            "AOTInductor export for CUDA needs a CUDA GPU on this machine (use --device cpu for a CPU package)"
+        )
     out = Path(out)
     src = weights if isinstance(weights, DetectionModel) else load_model(weights)
     dtype = torch.float16 if half else torch.float32
@@ -28,8 +35,20 @@ def export_aoti(weights: str | Path | DetectionModel, out: str | Path, img: int 
         ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
         out.parent.mkdir(parents=True, exist_ok=True)
         torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
-    sidecar_path(out).write_text(json.dumps({
-        "names": src.names, "img_size": img, "strides": model.stride.tolist(), "dtype": str(dtype).split(".")[1],
-        "device": device, "max_batch": max_batch, "torch": torch.__version__,
-        "input": "images: (B,3,H,W) RGB in [0,1], letterboxed with 114", "output": "(B, 4 + nc, anchors)"}, indent=1))
+    sidecar_path(out).write_text(
+        json.dumps(
+            {
+                "names": src.names,
+                "img_size": img,
+                "strides": model.stride.tolist(),
+                "dtype": str(dtype).split(".")[1],
+                "device": device,
+                "max_batch": max_batch,
+                "torch": torch.__version__,
+                "input": "images: (B,3,H,W) RGB in [0,1], letterboxed with 114",
+                "output": "(B, 4 + nc, anchors)",
+            },
+            indent=1,
+        )
+    )
     return out

@@ -34,8 +34,11 @@ def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int
     elif base == "aoti-fp16":
         from export.aoti import export_aoti
 
-        pt2 = Path(weights) if weights.endswith(".pt2") else export_aoti(weights, workdir / "bench.pt2", img=img,
-                                                                            max_batch=max_batch)
+        pt2 = (
+            Path(weights)
+            if weights.endswith(".pt2")
+            else export_aoti(weights, workdir / "bench.pt2", img=img, max_batch=max_batch)
+        )
         eng = AOTIEngine(pt2)
     elif base == "trt-fp16":
         from export.onnx_export import export_onnx
@@ -75,9 +78,15 @@ def bench_engines(args) -> list[dict]:
             if eng.device.type == "cuda":
                 torch.cuda.synchronize()
             el = (time.perf_counter() - t) / args.iters
-            row = {"engine": kind, "batch": b, "img": args.img, "images_per_s": round(b / el, 1),
-                   "ms_per_batch": round(el * 1000, 3), "build_s": round(build_s, 1),
-                   "device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu"}
+            row = {
+                "engine": kind,
+                "batch": b,
+                "img": args.img,
+                "images_per_s": round(b / el, 1),
+                "ms_per_batch": round(el * 1000, 3),
+                "build_s": round(build_s, 1),
+                "device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
+            }
             print(json.dumps(row))
             rows.append(row)
         del eng

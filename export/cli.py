@@ -14,15 +14,29 @@ def _export(args: argparse.Namespace) -> None:
     if args.format == "onnx":
         from export.onnx_export import export_onnx
 
-        out = export_onnx(args.weights, args.out or Path(args.weights).with_suffix(".onnx").name, img=args.img,
-                          half=args.half, dynamic_hw=args.dynamic_hw, end2end=args.end2end, conf=args.conf,
-                          iou=args.iou, max_det=args.max_det)
+        out = export_onnx(
+            args.weights,
+            args.out or Path(args.weights).with_suffix(".onnx").name,
+            img=args.img,
+            half=args.half,
+            dynamic_hw=args.dynamic_hw,
+            end2end=args.end2end,
+            conf=args.conf,
+            iou=args.iou,
+            max_det=args.max_det,
+        )
         _check_onnx(args.weights, out, args.img) if not args.end2end else None
     elif args.format == "aoti":
         from export.aoti import export_aoti
 
-        out = export_aoti(args.weights, args.out or Path(args.weights).with_suffix(".pt2").name, img=args.img,
-                          half=not args.fp32, device=args.device, max_batch=args.max_batch)
+        out = export_aoti(
+            args.weights,
+            args.out or Path(args.weights).with_suffix(".pt2").name,
+            img=args.img,
+            half=not args.fp32,
+            device=args.device,
+            max_batch=args.max_batch,
+        )
     else:
         from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
 
@@ -32,10 +46,19 @@ def _export(args: argparse.Namespace) -> None:
         if src.suffix != ".onnx":
             from export.onnx_export import export_onnx
 
-            src = export_onnx(args.weights, out.with_suffix(".onnx"), img=args.img, half=needs_fp16_onnx(),
-                              end2end=args.end2end, conf=args.conf, iou=args.iou, max_det=args.max_det)
-        build_engine(src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace,
-                     args.timing_cache, fp16=True)
+            src = export_onnx(
+                args.weights,
+                out.with_suffix(".onnx"),
+                img=args.img,
+                half=needs_fp16_onnx(),
+                end2end=args.end2end,
+                conf=args.conf,
+                iou=args.iou,
+                max_det=args.max_det,
+            )
+        build_engine(
+            src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache, fp16=True
+        )
         if not args.end2end:
             _compare_engines(out, src, args.img)
     print(f"wrote {out}")
@@ -70,8 +93,10 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
     got = TensorRTEngine(plan)(x).cpu()
     boxes = (got[:, :4] - ref[:, :4]).abs().max().item()
     scores = (got[:, 4:] - ref[:, 4:]).abs().max().item()
-    print(f"TensorRT vs ONNX Runtime on {len(x)} sample images: max |box diff| {boxes:.3f} px, "
-          f"max |score diff| {scores:.2e}")
+    print(
+        f"TensorRT vs ONNX Runtime on {len(x)} sample images: max |box diff| {boxes:.3f} px, "
+        f"max |score diff| {scores:.2e}"
+    )
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -81,8 +106,12 @@ def _predict(args: argparse.Namespace) -> None:
 
     engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img)
     sources = [Path(s) for s in (args.source or [SAMPLES])]
-    files = [f for s in sources for f in (sorted(s.glob("*")) if s.is_dir() else [s])
-             if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp")]
+    files = [
+        f
+        for s in sources
+        for f in (sorted(s.glob("*")) if s.is_dir() else [s])
+        if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+    ]
     out_dir = Path(args.out)
     if args.save:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,9 +139,12 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
 
 def register(sub, bench) -> None:
-    s = sub.add_parser("export", help="export weights to ONNX, AOTInductor (.pt2) or TensorRT (.plan)",
-                       description="Re-parameterize (YOLOv9 -> GELAN), fuse and export.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = sub.add_parser(
+        "export",
+        help="export weights to ONNX, AOTInductor (.pt2) or TensorRT (.plan)",
+        description="Re-parameterize (YOLOv9 -> GELAN), fuse and export.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("format", choices=["onnx", "aoti", "trt"], help="onnx, aoti (AOTInductor .pt2) or trt (TensorRT)")
     s.add_argument("weights", help="checkpoint (official or ours) or zoo name; for trt also an .onnx file")
     s.add_argument("-o", "--out", default=None, help="output file (default: weights name with the format's suffix)")
@@ -132,8 +164,11 @@ def register(sub, bench) -> None:
     s.add_argument("--timing-cache", default="trt_timing.cache", help="trt: persistent timing cache file")
     s.set_defaults(func=_export)
 
-    s = sub.add_parser("predict", help="detect objects in images and save annotated copies",
-                       description="Run a model or engine on images; prints one JSON line per image.")
+    s = sub.add_parser(
+        "predict",
+        help="detect objects in images and save annotated copies",
+        description="Run a model or engine on images; prints one JSON line per image.",
+    )
     s.add_argument("weights", nargs="?", default="yolov9-s", help="checkpoint, zoo name or engine file")
     s.add_argument("source", nargs="*", help="image files or folders (default: the shipped sample images)")
     s.add_argument("--engine", default=None, help="engine file or auto:WEIGHTS (fastest available)")
@@ -147,12 +182,18 @@ def register(sub, bench) -> None:
     s.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="save annotated images")
     s.set_defaults(func=_predict)
 
-    s = bench.add_parser("engine", help="inference throughput and latency of engines",
-                         description="images/s and ms per batch for each engine and batch size (random input).")
+    s = bench.add_parser(
+        "engine",
+        help="inference throughput and latency of engines",
+        description="images/s and ms per batch for each engine and batch size (random input).",
+    )
     s.add_argument("weights", help="checkpoint or zoo name (engines are built from it)")
-    s.add_argument("--engines", default="torch-fp32,torch-fp16,aoti-fp16,trt-fp16",
-                   help="comma list of torch-fp32, torch-fp16, torch-fp16-graph, aoti-fp16, aoti-fp16-graph, "
-                        "trt-fp16, onnx-cpu (missing backends are reported and skipped)")
+    s.add_argument(
+        "--engines",
+        default="torch-fp32,torch-fp16,aoti-fp16,trt-fp16",
+        help="comma list of torch-fp32, torch-fp16, torch-fp16-graph, aoti-fp16, aoti-fp16-graph, "
+        "trt-fp16, onnx-cpu (missing backends are reported and skipped)",
+    )
     s.add_argument("--batches", default="1,8,32,64", help="comma list of batch sizes")
     s.add_argument("--img", type=int, default=640, help="image size")
     s.add_argument("--iters", type=int, default=50, help="timed iterations per point")

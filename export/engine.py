@@ -43,8 +43,9 @@ def deploy_model(model: DetectionModel) -> DetectionModel:
 class TorchEngine:
     kind = "torch"
 
-    def __init__(self, model: DetectionModel, device: str | torch.device = "cpu", half: bool = False,
-                 img_size: int = 640):
+    def __init__(
+        self, model: DetectionModel, device: str | torch.device = "cpu", half: bool = False, img_size: int = 640
+    ):
         self.device = torch.device(device)
         self.dtype = torch.float16 if half else torch.float32
         self.model = deploy_model(model).to(self.device, self.dtype)
@@ -111,8 +112,9 @@ def load_engine(spec: str | Path, device: str = "auto", half: bool | None = None
     device 'auto' means CUDA when present. For a checkpoint, `spec` may also be 'auto:WEIGHTS', which picks the
     fastest engine on this machine: a sibling .plan (TensorRT present), a sibling .pt2 (CUDA), PyTorch fp16 on
     CUDA, else a sibling .onnx (ONNX Runtime), else PyTorch fp32 on the CPU."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     spec = str(spec)
     if spec.startswith("auto:"):
         return load_engine(pick_fastest(Path(spec[5:]), dev), device, half, img_size)

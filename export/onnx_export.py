@@ -58,8 +58,9 @@ class End2End(nn.Module):
         cls_scores = pred[:, 4:].float()  # (B, nc, A)
         best = cls_scores.max(1, keepdim=True)[0]
         scores = torch.where(cls_scores == best, cls_scores, torch.zeros_like(cls_scores))  # one class per anchor
-        sel = _NMS.apply(boxes, scores, torch.tensor([self.max_det]), torch.tensor([self.iou]),
-                         torch.tensor([self.conf]))
+        sel = _NMS.apply(
+            boxes, scores, torch.tensor([self.max_det]), torch.tensor([self.iou]), torch.tensor([self.conf])
+        )
         b, c, i = sel[:, 0], sel[:, 1], sel[:, 2]
         sel_scores = scores[b, c, i]
         sel_boxes = boxes[b, i]
@@ -78,9 +79,18 @@ class End2End(nn.Module):
         return valid.sum(1, keepdim=True), det_boxes, det_scores, det_classes
 
 
-def export_onnx(weights: str | Path | DetectionModel, out: str | Path, img: int = 640, half: bool = False,
-                dynamic_hw: bool = False, end2end: bool = False, conf: float = 0.25, iou: float = 0.45,
-                max_det: int = 100, batch: int = 1) -> Path:
+def export_onnx(
+    weights: str | Path | DetectionModel,
+    out: str | Path,
+    img: int = 640,
+    half: bool = False,
+    dynamic_hw: bool = False,
+    end2end: bool = False,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    max_det: int = 100,
+    batch: int = 1,
+) -> Path:
     out = Path(out)
     src = weights if isinstance(weights, DetectionModel) else load_model(weights)
     names = src.names
@@ -99,17 +109,37 @@ def export_onnx(weights: str | Path | DetectionModel, out: str | Path, img: int 
         dyn = {"images": axes, "output0": {0: "batch", 2: "anchors"} if dynamic_hw else {0: "batch"}}
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        torch.onnx.export(net, (x,), str(out), input_names=["images"], output_names=outputs, opset_version=OPSET,
-                          dynamic_axes=dyn, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            net,
+            (x,),
+            str(out),
+            input_names=["images"],
+            output_names=outputs,
+            opset_version=OPSET,
+            dynamic_axes=dyn,
+            dynamo=False,
+            do_constant_folding=True,
+        )
     proto = onnx.load(str(out))
-    meta = {"names": json.dumps(names), "img_size": str(img), "strides": json.dumps(strides),
-            "end2end": "true" if end2end else "false", "dtype": "float16" if half else "float32",
-            "input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114",
-            "conf": str(conf), "iou": str(iou), "max_det": str(max_det)}
+    meta = {
+        "names": json.dumps(names),
+        "img_size": str(img),
+        "strides": json.dumps(strides),
+        "end2end": "true" if end2end else "false",
+        "dtype": "float16" if half else "float32",
+        "input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114",
+        "conf": str(conf),
+        "iou": str(iou),
+        "max_det": str(max_det),
+    }
     for k, v in meta.items():
         proto.metadata_props.add(key=k, value=v)
     onnx.checker.check_model(proto)
     onnx.save(proto, str(out))
-    sidecar_path(out).write_text(json.dumps({**{k: json.loads(v) if k in ("names", "strides") else v
-                                                for k, v in meta.items()}, "outputs": outputs}, indent=1))
+    sidecar_path(out).write_text(
+        json.dumps(
+            {**{k: json.loads(v) if k in ("names", "strides") else v for k, v in meta.items()}, "outputs": outputs},
+            indent=1,
+        )
+    )
     return out

@@ -15,8 +15,10 @@ import torch
 
 from export.engine import read_sidecar, sidecar_path
 
-INSTALL_HINT = ("TensorRT is not installed: pip install tensorrt --extra-index-url https://pypi.nvidia.com "
-                "(or run inside an NGC TensorRT/Triton container)")
+INSTALL_HINT = (
+    "TensorRT is not installed: pip install tensorrt --extra-index-url https://pypi.nvidia.com "
+    "(or run inside an NGC TensorRT/Triton container)"
+)
 
 
 def import_tensorrt():
@@ -36,9 +38,16 @@ def needs_fp16_onnx() -> bool:
     return _major(import_tensorrt()) >= 11
 
 
-def build_engine(onnx_path: str | Path, out: str | Path, min_batch: int = 1, opt_batch: int = 16,
-                 max_batch: int = 64, workspace_gib: float = 4.0, timing_cache: str | Path | None = None,
-                 fp16: bool = True) -> Path:
+def build_engine(
+    onnx_path: str | Path,
+    out: str | Path,
+    min_batch: int = 1,
+    opt_batch: int = 16,
+    max_batch: int = 64,
+    workspace_gib: float = 4.0,
+    timing_cache: str | Path | None = None,
+    fp16: bool = True,
+) -> Path:
     trt = import_tensorrt()
     onnx_path, out = Path(onnx_path), Path(out)
     logger = trt.Logger(trt.Logger.WARNING)
@@ -72,18 +81,48 @@ def build_engine(onnx_path: str | Path, out: str | Path, min_batch: int = 1, opt
     if cache_path:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
     onnx_meta = read_sidecar(onnx_path)
-    io = [{"name": network.get_input(i).name, "shape": list(network.get_input(i).shape),
-           "dtype": str(network.get_input(i).dtype)} for i in range(network.num_inputs)]
-    io += [{"name": network.get_output(i).name, "shape": list(network.get_output(i).shape),
-            "dtype": str(network.get_output(i).dtype)} for i in range(network.num_outputs)]
+    io = [
+        {
+            "name": network.get_input(i).name,
+            "shape": list(network.get_input(i).shape),
+            "dtype": str(network.get_input(i).dtype),
+        }
+        for i in range(network.num_inputs)
+    ]
+    io += [
+        {
+            "name": network.get_output(i).name,
+            "shape": list(network.get_output(i).shape),
+            "dtype": str(network.get_output(i).dtype),
+        }
+        for i in range(network.num_outputs)
+    ]
     props = torch.cuda.get_device_properties(0)
-    sidecar_path(out).write_text(json.dumps({
-        "names": onnx_meta.get("names", []), "img_size": int(onnx_meta.get("img_size", h)),
-        "strides": onnx_meta.get("strides"), "end2end": onnx_meta.get("end2end", "false"), "io": io,
-        "tensorrt": trt.__version__, "gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
-        "build": {"fp16": fp16, "strongly_typed": strongly, "min_batch": min_batch, "opt_batch": opt_batch,
-                  "max_batch": max_batch, "workspace_gib": workspace_gib, "seconds": round(time.time() - t0, 1),
-                  "onnx": onnx_path.name}}, indent=1))
+    sidecar_path(out).write_text(
+        json.dumps(
+            {
+                "names": onnx_meta.get("names", []),
+                "img_size": int(onnx_meta.get("img_size", h)),
+                "strides": onnx_meta.get("strides"),
+                "end2end": onnx_meta.get("end2end", "false"),
+                "io": io,
+                "tensorrt": trt.__version__,
+                "gpu": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "build": {
+                    "fp16": fp16,
+                    "strongly_typed": strongly,
+                    "min_batch": min_batch,
+                    "opt_batch": opt_batch,
+                    "max_batch": max_batch,
+                    "workspace_gib": workspace_gib,
+                    "seconds": round(time.time() - t0, 1),
+                    "onnx": onnx_path.name,
+                },
+            },
+            indent=1,
+        )
+    )
     return out
 
 
@@ -113,8 +152,13 @@ class TensorRTEngine:
 
     def _torch_dtype(self, dt):
         trt = self.trt
-        return {trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32,
-                trt.int64: torch.int64, trt.bool: torch.bool}[dt]
+        return {
+            trt.float32: torch.float32,
+            trt.float16: torch.float16,
+            trt.int32: torch.int32,
+            trt.int64: torch.int64,
+            trt.bool: torch.bool,
+        }[dt]
 
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         x = x.to(self.device, self.dtype).contiguous()

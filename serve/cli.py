@@ -34,9 +34,18 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
 def _build_repo(args: argparse.Namespace, engine: str) -> Path:
     from serve.repository import build_repo
 
-    return build_repo(engine, args.repo, args.name, args.max_batch, queue_delay_us=args.queue_delay_us,
-                      instances=args.instances, kind=args.kind, max_det=args.max_det, img_size=args.img,
-                      trt_variant=getattr(args, "trt_variant", False))
+    return build_repo(
+        engine,
+        args.repo,
+        args.name,
+        args.max_batch,
+        queue_delay_us=args.queue_delay_us,
+        instances=args.instances,
+        kind=args.kind,
+        max_det=args.max_det,
+        img_size=args.img,
+        trt_variant=getattr(args, "trt_variant", False),
+    )
 
 
 def _cmd_build_repo(args: argparse.Namespace) -> None:
@@ -61,8 +70,14 @@ def _wait_forever(*procs) -> None:
 def _cmd_triton(args: argparse.Namespace) -> None:
     from serve.triton_server import TritonServer
 
-    srv = TritonServer(args.repo, args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
-                       host=args.host, log_file=args.log)
+    srv = TritonServer(
+        args.repo,
+        args.triton_http_port,
+        args.triton_grpc_port,
+        args.triton_metrics_port,
+        host=args.host,
+        log_file=args.log,
+    )
     srv.start(args.timeout, model=args.name)
     print(f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url} (Ctrl-C stops)")
     try:
@@ -74,8 +89,9 @@ def _cmd_triton(args: argparse.Namespace) -> None:
 def _cmd_gateway(args: argparse.Namespace) -> None:
     from serve.gateway.process import GatewayProcess
 
-    gw = GatewayProcess(args.triton.split(","), args.host, args.port, args.workers, args.name,
-                        max_upload_bytes=args.max_upload_bytes)
+    gw = GatewayProcess(
+        args.triton.split(","), args.host, args.port, args.workers, args.name, max_upload_bytes=args.max_upload_bytes
+    )
     gw.start()
     print(f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton} (Ctrl-C stops)")
     try:
@@ -95,22 +111,30 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         args.repo = tempfile.mkdtemp(prefix="yolov9-repo-")
     _build_repo(args, args.weights)
     log_dir = Path(tempfile.mkdtemp(prefix="yolov9-serve-"))
-    srv = TritonServer(args.repo, args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
-                       host=args.host, log_file=log_dir / "triton.log")
+    srv = TritonServer(
+        args.repo,
+        args.triton_http_port,
+        args.triton_grpc_port,
+        args.triton_metrics_port,
+        host=args.host,
+        log_file=log_dir / "triton.log",
+    )
     srv.start(args.timeout, model=args.name)
-    gw = GatewayProcess([srv.grpc_url], args.host, args.port, args.workers, args.name,
-                        log_file=log_dir / "gateway.log")
+    gw = GatewayProcess([srv.grpc_url], args.host, args.port, args.workers, args.name, log_file=log_dir / "gateway.log")
     try:
         gw.start()
         print(f"serving {args.weights}: gateway {gw.url} (docs {gw.url}/docs), Triton gRPC {srv.grpc_url}")
         if args.once:
             sample = sorted(SAMPLES.glob("*.jpg"))[0]
-            req = urllib.request.Request(f"{gw.url}/v1/detect?conf={args.conf}", data=sample.read_bytes(),
-                                         headers={"Content-Type": "image/jpeg"}, method="POST")
+            req = urllib.request.Request(
+                f"{gw.url}/v1/detect?conf={args.conf}",
+                data=sample.read_bytes(),
+                headers={"Content-Type": "image/jpeg"},
+                method="POST",
+            )
             with urllib.request.urlopen(req, timeout=60) as r:
                 body = json.loads(r.read())
-            print(f"POST /v1/detect {sample.name} -> {len(body['detections'])} detections in "
-                  f"{body['latency_ms']} ms")
+            print(f"POST /v1/detect {sample.name} -> {len(body['detections'])} detections in {body['latency_ms']} ms")
             print(json.dumps(body["detections"][:10], indent=1))
             return body
         else:
@@ -122,8 +146,10 @@ def _cmd_serve(args: argparse.Namespace) -> None:
 
 def serve_once(weights: str, port: int = 8080, img: int | None = None, conf: float = 0.25) -> dict:
     """Build a repository for `weights`, start Triton and the gateway, answer one request, stop."""
-    args = build_parser_for_serve().parse_args(["--weights", str(weights), "--once", "--port", str(port),
-                                                "--conf", str(conf)] + (["--img", str(img)] if img else []))
+    args = build_parser_for_serve().parse_args(
+        ["--weights", str(weights), "--once", "--port", str(port), "--conf", str(conf)]
+        + (["--img", str(img)] if img else [])
+    )
     return _cmd_serve(args)
 
 
@@ -141,9 +167,12 @@ def _loadtest(args: argparse.Namespace) -> None:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("serve", help="serve a model: Triton + FastAPI gateway (or one part: see subcommands)",
-                       description="With --weights: build the model repository, start Triton and the gateway, "
-                                   "and serve until Ctrl-C (or answer one request with --once).")
+    s = sub.add_parser(
+        "serve",
+        help="serve a model: Triton + FastAPI gateway (or one part: see subcommands)",
+        description="With --weights: build the model repository, start Triton and the gateway, "
+        "and serve until Ctrl-C (or answer one request with --once).",
+    )
     s.add_argument("--weights", default=None, help="checkpoint, zoo name or engine file (.onnx, .pt2, .plan)")
     s.add_argument("--host", default="127.0.0.1", help="address the gateway and Triton bind to")
     s.add_argument("--port", type=int, default=8080, help="gateway port")
@@ -158,8 +187,11 @@ def register(sub) -> None:
 
     p = ss.add_parser("build-repo", help="fill the Triton model repository for an engine")
     p.add_argument("--engine", required=True, help="engine file (.onnx, .pt2, .plan), checkpoint or zoo name")
-    p.add_argument("--trt-variant", action="store_true",
-                   help="also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton")
+    p.add_argument(
+        "--trt-variant",
+        action="store_true",
+        help="also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton",
+    )
     _add_repo_args(p)
     p.set_defaults(func=_cmd_build_repo)
 
@@ -181,12 +213,18 @@ def register(sub) -> None:
     p.add_argument("--max-upload-bytes", type=int, default=20 * 2**20, help="largest accepted image")
     p.set_defaults(func=_cmd_gateway)
 
-    s = sub.add_parser("loadtest", help="load-test the gateway or Triton (concurrency sweep or open-loop rate)",
-                       description="Send real images to URL and report throughput, latency percentiles and errors. "
-                                   "Only the given URL is targeted; the default is loopback.")
+    s = sub.add_parser(
+        "loadtest",
+        help="load-test the gateway or Triton (concurrency sweep or open-loop rate)",
+        description="Send real images to URL and report throughput, latency percentiles and errors. "
+        "Only the given URL is targeted; the default is loopback.",
+    )
     s.add_argument("--target", choices=["gateway", "triton"], default="gateway", help="what URL points at")
-    s.add_argument("--url", default=None, help="gateway base URL (default http://127.0.0.1:8080) or Triton gRPC "
-                                                "host:port (default 127.0.0.1:8001)")
+    s.add_argument(
+        "--url",
+        default=None,
+        help="gateway base URL (default http://127.0.0.1:8080) or Triton gRPC host:port (default 127.0.0.1:8001)",
+    )
     s.add_argument("--images", default=str(SAMPLES), help="folder of images to send (cycled)")
     s.add_argument("--concurrency", default="1,8,32", help="comma list: closed-loop sweep steps")
     s.add_argument("--rate", type=float, default=None, help="open-loop requests/s instead of a concurrency sweep")

@@ -48,8 +48,9 @@ class Detector:
             pred = self.engine(to_input(batch, self.engine.dtype))
             for j, k in enumerate(ok):
                 r = requests[k]
-                det = postprocess(pred[j:j + 1], metas[j:j + 1], r.conf, r.iou, min(r.max_det, self.max_det),
-                                  r.classes)[0]
+                det = postprocess(
+                    pred[j : j + 1], metas[j : j + 1], r.conf, r.iou, min(r.max_det, self.max_det), r.classes
+                )[0]
                 out = torch.zeros(self.max_det, 6, device=det.device, dtype=torch.float32)
                 out[: len(det)] = det.float()
                 results[k] = (out, len(det))

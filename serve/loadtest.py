@@ -108,6 +108,7 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
             await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
         await asyncio.gather(*tasks)
     else:
+
         async def worker(w: int) -> None:
             while more():
                 counter[0] += 1
@@ -133,8 +134,13 @@ def scrape_triton(url: str | None) -> dict[str, float]:
     except OSError:
         return {}
     out: dict[str, float] = {}
-    for name in ("nv_inference_request_success", "nv_inference_exec_count", "nv_inference_queue_duration_us",
-                 "nv_inference_compute_infer_duration_us", "nv_inference_count"):
+    for name in (
+        "nv_inference_request_success",
+        "nv_inference_exec_count",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_count",
+    ):
         vals = re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.M)
         out[name] = sum(float(v) for v in vals)
     return out
@@ -149,12 +155,19 @@ def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float,
             errors[kind] = errors.get(kind, 0) + 1
     span = (max(s[0] + s[1] for s in kept) - min(s[0] for s in kept)) if kept else 0.0
     pct = (lambda q: round(float(np.percentile(ok, q)), 2)) if len(ok) else (lambda q: None)
-    return {"requests": len(kept), "ok": int(len(ok)), "errors": errors,
-            "requests_per_s": round(len(ok) / span, 1) if span else 0.0,
-            "images_per_s": round(len(ok) / span, 1) if span else 0.0,
-            "p50_ms": pct(50), "p90_ms": pct(90), "p95_ms": pct(95), "p99_ms": pct(99),
-            "max_ms": round(float(ok.max()), 2) if len(ok) else None,
-            "client_cpu_pct": round(100 * cpu_s / wall, 1) if wall else None}
+    return {
+        "requests": len(kept),
+        "ok": int(len(ok)),
+        "errors": errors,
+        "requests_per_s": round(len(ok) / span, 1) if span else 0.0,
+        "images_per_s": round(len(ok) / span, 1) if span else 0.0,
+        "p50_ms": pct(50),
+        "p90_ms": pct(90),
+        "p95_ms": pct(95),
+        "p99_ms": pct(99),
+        "max_ms": round(float(ok.max()), 2) if len(ok) else None,
+        "client_cpu_pct": round(100 * cpu_s / wall, 1) if wall else None,
+    }
 
 
 def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str | None = None) -> dict:
@@ -177,16 +190,24 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
         samples = [s for part, _ in parts for s in part]
         cpu = sum(c for _, c in parts)
     wall = time.perf_counter() - wall0
-    row = {"target": step.target, "concurrency": step.concurrency, "rate": step.rate, "procs": procs,
-           "client_cores": os.cpu_count(), **summarize(samples, t_start, step.warmup, cpu, wall)}
+    row = {
+        "target": step.target,
+        "concurrency": step.concurrency,
+        "rate": step.rate,
+        "procs": procs,
+        "client_cores": os.cpu_count(),
+        **summarize(samples, t_start, step.warmup, cpu, wall),
+    }
     after = scrape_triton(metrics_url)
     if before and after:
         d = {k: after[k] - before.get(k, 0.0) for k in after}
         if d.get("nv_inference_request_success"):
-            row["triton_queue_ms"] = round(d["nv_inference_queue_duration_us"] / d["nv_inference_request_success"]
-                                           / 1000, 3)
-            row["triton_compute_ms"] = round(d["nv_inference_compute_infer_duration_us"]
-                                             / d["nv_inference_request_success"] / 1000, 3)
+            row["triton_queue_ms"] = round(
+                d["nv_inference_queue_duration_us"] / d["nv_inference_request_success"] / 1000, 3
+            )
+            row["triton_compute_ms"] = round(
+                d["nv_inference_compute_infer_duration_us"] / d["nv_inference_request_success"] / 1000, 3
+            )
         if d.get("nv_inference_exec_count"):
             row["triton_avg_batch"] = round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
     return row
@@ -211,8 +232,11 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
     for key in ("p50_ms", "p99_ms"):
         ax.plot(xs, [r[key] for r in rows], marker="o", label=key.replace("_ms", ""))
     for r in rows:
-        ax.annotate(f"c={r['concurrency']}" if r["concurrency"] else f"{r['rate']}/s",
-                    (r["images_per_s"], r["p99_ms"] or 0), fontsize=7)
+        ax.annotate(
+            f"c={r['concurrency']}" if r["concurrency"] else f"{r['rate']}/s",
+            (r["images_per_s"], r["p99_ms"] or 0),
+            fontsize=7,
+        )
     ax.set_xlabel("throughput (images/s)")
     ax.set_ylabel("latency (ms)")
     ax.set_title(f"{meta['target']} {meta['url']}")
@@ -225,17 +249,52 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
 def run_loadtest(args) -> list[dict]:
     url = args.url or ("http://127.0.0.1:8080" if args.target == "gateway" else "127.0.0.1:8001")
     images = load_images(args.images)
-    steps = ([Step(args.target, url, args.model, None, args.rate, args.warmup, args.duration, args.requests,
-                   args.conf, args.timeout)] if args.rate else
-             [Step(args.target, url, args.model, int(c), None, args.warmup, args.duration, args.requests,
-                   args.conf, args.timeout) for c in args.concurrency.split(",")])
+    steps = (
+        [
+            Step(
+                args.target,
+                url,
+                args.model,
+                None,
+                args.rate,
+                args.warmup,
+                args.duration,
+                args.requests,
+                args.conf,
+                args.timeout,
+            )
+        ]
+        if args.rate
+        else [
+            Step(
+                args.target,
+                url,
+                args.model,
+                int(c),
+                None,
+                args.warmup,
+                args.duration,
+                args.requests,
+                args.conf,
+                args.timeout,
+            )
+            for c in args.concurrency.split(",")
+        ]
+    )
     rows = []
     for step in steps:
         row = run_step(step, images, args.procs, args.triton_metrics)
         print(json.dumps(row))
         rows.append(row)
-    meta = {"target": args.target, "url": url, "images": len(images), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "duration_s": args.duration, "warmup_s": args.warmup, "procs": args.procs}
+    meta = {
+        "target": args.target,
+        "url": url,
+        "images": len(images),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "procs": args.procs,
+    }
     write_outputs(rows, Path(args.out), meta)
     print(f"wrote {args.out} (+ .csv, .png)")
     return rows

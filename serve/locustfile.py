@@ -20,5 +20,9 @@ class DetectUser(HttpUser):
 
     @task
     def detect(self):
-        self.client.post(f"/v1/detect?conf={_CONF}", data=_IMAGES[next(_CYCLE)],
-                         headers={"Content-Type": "image/jpeg"}, name="/v1/detect")
+        self.client.post(
+            f"/v1/detect?conf={_CONF}",
+            data=_IMAGES[next(_CYCLE)],
+            headers={"Content-Type": "image/jpeg"},
+            name="/v1/detect",
+        )

@@ -44,8 +44,10 @@ def find_server() -> tuple[Path, Path, dict]:
         return Path(on_path), Path(os.environ.get("TRITON_BACKENDS", "/opt/tritonserver/backends")), env
     root = _pytriton_dir()
     if root is None or not (root / "bin" / "tritonserver").exists():
-        raise TritonError("no Triton server found: pip install --no-deps nvidia-pytriton (ships the server binary), "
-                          "set TRITONSERVER, or run inside an NGC Triton container")
+        raise TritonError(
+            "no Triton server found: pip install --no-deps nvidia-pytriton (ships the server binary), "
+            "set TRITONSERVER, or run inside an NGC Triton container"
+        )
     binary = root / "bin" / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
@@ -70,8 +72,16 @@ def find_server() -> tuple[Path, Path, dict]:
 class TritonServer:
     """A tritonserver process on loopback; use as a context manager or call start()/stop()."""
 
-    def __init__(self, repo: str | Path, http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
-                 host: str = "127.0.0.1", log_file: str | Path | None = None, extra_args: list[str] | None = None):
+    def __init__(
+        self,
+        repo: str | Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        host: str = "127.0.0.1",
+        log_file: str | Path | None = None,
+        extra_args: list[str] | None = None,
+    ):
         self.repo, self.host = Path(repo).resolve(), host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_file, self.extra_args = log_file, extra_args or []
@@ -94,11 +104,21 @@ class TritonServer:
         env = {**os.environ, **env_extra}
         # the python-backend stub must import this project (editable install or not) and its dependencies
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
-        cmd = [str(binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
-               f"--http-address={self.host}", f"--http-port={self.http_port}",
-               f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
-               f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
-               "--allow-metrics=true", "--log-verbose=0", "--exit-timeout-secs=10", *self.extra_args]
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repo}",
+            f"--backend-directory={backends}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--log-verbose=0",
+            "--exit-timeout-secs=10",
+            *self.extra_args,
+        ]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.wait_ready(timeout, model)
@@ -116,14 +136,17 @@ class TritonServer:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise TritonError(f"tritonserver exited with code {self.proc.returncode}"
-                                  + (f"; see {self.log_file}" if self.log_file else ""))
+                raise TritonError(
+                    f"tritonserver exited with code {self.proc.returncode}"
+                    + (f"; see {self.log_file}" if self.log_file else "")
+                )
             if self.ready(model):
                 return
             time.sleep(0.3)
         self.stop()
-        raise TritonError(f"tritonserver not ready after {timeout:.0f} s" + (f"; see {self.log_file}" if
-                                                                                 self.log_file else ""))
+        raise TritonError(
+            f"tritonserver not ready after {timeout:.0f} s" + (f"; see {self.log_file}" if self.log_file else "")
+        )
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

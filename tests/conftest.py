@@ -66,10 +66,32 @@ def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
     mean something, so export and serving comparisons cannot pass by all being empty."""
     from train.trainer import TrainConfig, Trainer
 
-    light = {"mosaic": 0.0, "mixup": 0.0, "scale": 0.2, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "fliplr": 0.0,
-             "warmup_epochs": 0.0, "lr0": 0.01}
-    cfg = TrainConfig(data=str(tiny_subset), cfg="gelan-t", img=160, epochs=40, batch=4, nbs=4, workers=0,
-                      amp="off", device="cpu", project=str(tmp_path_factory.mktemp("runs")), name="tiny",
-                      close_mosaic=0, val=False, hyp=light)
+    light = {
+        "mosaic": 0.0,
+        "mixup": 0.0,
+        "scale": 0.2,
+        "hsv_h": 0.0,
+        "hsv_s": 0.0,
+        "hsv_v": 0.0,
+        "fliplr": 0.0,
+        "warmup_epochs": 0.0,
+        "lr0": 0.01,
+    }
+    cfg = TrainConfig(
+        data=str(tiny_subset),
+        cfg="gelan-t",
+        img=160,
+        epochs=40,
+        batch=4,
+        nbs=4,
+        workers=0,
+        amp="off",
+        device="cpu",
+        project=str(tmp_path_factory.mktemp("runs")),
+        name="tiny",
+        close_mosaic=0,
+        val=False,
+        hyp=light,
+    )
     run = Trainer(cfg).fit()["run_dir"]
     return Path(run) / "weights" / "best.pt"

@@ -35,8 +35,15 @@ class _UtilSampler(threading.Thread):
 
 def bench_train(args) -> list[dict]:
     dev = select_device(args.device)
-    ds = DetectionDataset(load_split(resolve_data(args.data), "train"), args.img, augment=True, hyp=Hyp(),
-                          cache=None if args.cache == "none" else args.cache, workers=args.workers, desc="bench")
+    ds = DetectionDataset(
+        load_split(resolve_data(args.data), "train"),
+        args.img,
+        augment=True,
+        hyp=Hyp(),
+        cache=None if args.cache == "none" else args.cache,
+        workers=args.workers,
+        desc="bench",
+    )
     results = []
     for amp in args.amp.split(","):
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
@@ -88,11 +95,18 @@ def bench_train(args) -> list[dict]:
             torch.cuda.synchronize(dev)
         el = time.perf_counter() - t0
         sampler.stop.set()
-        row = {"amp": amp, "cfg": args.cfg, "img": args.img, "batch": args.batch, "steps": args.steps,
-               "images_per_s": round(args.steps * args.batch / el, 1), "data_wait_share": round(wait / el, 3),
-               "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
-               "peak_memory_gib": round(monitor.peak_gib(), 2), "device": torch.cuda.get_device_name(dev)
-               if dev.type == "cuda" else "cpu"}
+        row = {
+            "amp": amp,
+            "cfg": args.cfg,
+            "img": args.img,
+            "batch": args.batch,
+            "steps": args.steps,
+            "images_per_s": round(args.steps * args.batch / el, 1),
+            "data_wait_share": round(wait / el, 3),
+            "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
+            "peak_memory_gib": round(monitor.peak_gib(), 2),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        }
         print(json.dumps(row))
         results.append(row)
         del loader, it
@@ -100,4 +114,3 @@ def bench_train(args) -> list[dict]:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     return results
-

@@ -55,8 +55,9 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
     b2_x1, b2_y1, b2_x2, b2_y2 = box2.chunk(4, -1)
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
     w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
-    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * \
-            (torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)).clamp(0)
+    inter = (torch.min(b1_x2, b2_x2) - torch.max(b1_x1, b2_x1)).clamp(0) * (
+        torch.min(b1_y2, b2_y2) - torch.max(b1_y1, b2_y1)
+    ).clamp(0)
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union
     cw = torch.max(b1_x2, b2_x2) - torch.min(b1_x1, b2_x1)
@@ -70,7 +71,8 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
 
 
 def letterbox_params(h: int, w: int, size: int, stride: int = 32, auto: bool = False):
-    """Scale, resized size, integer (left, top) padding and output size that fit an h x w image into size x size (or a stride multiple if auto)."""
+    """Scale, resized size, integer (left, top) padding and output size that fit an h x w image into size x size
+    (or into a stride multiple if auto)."""
     r = min(size / h, size / w)
     nh, nw = round(h * r), round(w * r)
     out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (size, size)
@@ -88,8 +90,14 @@ def scale_boxes_back(boxes: torch.Tensor, ratio: float | torch.Tensor, pad, orig
     return out
 
 
-def non_max_suppression(pred: torch.Tensor, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
-                        classes: list[int] | None = None, max_nms: int = 30000) -> list[torch.Tensor]:
+def non_max_suppression(
+    pred: torch.Tensor,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    max_det: int = 300,
+    classes: list[int] | None = None,
+    max_nms: int = 30000,
+) -> list[torch.Tensor]:
     """Per-image detections (n, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions.
 
     Each anchor contributes its best class (the deployment convention); torchvision's batched NMS does the

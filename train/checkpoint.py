@@ -29,14 +29,31 @@ class _Holder:
 
 
 _OFFICIAL_CLASSES = [
-    "models.yolo.DetectionModel", "models.yolo.DDetect", "models.yolo.DualDDetect",
-    "models.common.Conv", "models.common.AConv", "models.common.ADown", "models.common.ELAN1",
-    "models.common.RepNCSPELAN4", "models.common.RepNCSP", "models.common.RepNBottleneck",
-    "models.common.RepConvN", "models.common.SP", "models.common.SPPELAN", "models.common.Concat",
-    "models.common.DFL", "models.common.Silence", "models.common.CBLinear", "models.common.CBFuse",
-    "torch.nn.modules.activation.SiLU", "torch.nn.modules.batchnorm.BatchNorm2d",
-    "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.Sequential",
-    "torch.nn.modules.conv.Conv2d", "torch.nn.modules.linear.Identity", "torch.nn.modules.pooling.MaxPool2d",
+    "models.yolo.DetectionModel",
+    "models.yolo.DDetect",
+    "models.yolo.DualDDetect",
+    "models.common.Conv",
+    "models.common.AConv",
+    "models.common.ADown",
+    "models.common.ELAN1",
+    "models.common.RepNCSPELAN4",
+    "models.common.RepNCSP",
+    "models.common.RepNBottleneck",
+    "models.common.RepConvN",
+    "models.common.SP",
+    "models.common.SPPELAN",
+    "models.common.Concat",
+    "models.common.DFL",
+    "models.common.Silence",
+    "models.common.CBLinear",
+    "models.common.CBFuse",
+    "torch.nn.modules.activation.SiLU",
+    "torch.nn.modules.batchnorm.BatchNorm2d",
+    "torch.nn.modules.container.ModuleList",
+    "torch.nn.modules.container.Sequential",
+    "torch.nn.modules.conv.Conv2d",
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.pooling.MaxPool2d",
     "torch.nn.modules.upsampling.Upsample",
 ]
 _HOLDERS = [(type(name.rsplit(".", 1)[1], (_Holder,), {"path": name}), name) for name in _OFFICIAL_CLASSES]
@@ -47,8 +64,9 @@ def _read(path: Path) -> Any:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path}: not a PyTorch checkpoint (not a torch.save zip archive; truncated or "
-                              f"another format)")
+        raise CheckpointError(
+            f"{path}: not a PyTorch checkpoint (not a torch.save zip archive; truncated or another format)"
+        )
     try:
         with torch.serialization.safe_globals(_HOLDERS + _SAFE_EXTRAS):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -56,8 +74,10 @@ def _read(path: Path) -> Any:
         msg = str(e)
         m = re.search(r"(?:GLOBAL|global) ([\w.]+)", msg)
         if m and m.group(1) not in {"None"}:
-            raise CheckpointError(f"{path}: refused to load: it references '{m.group(1)}', which is not part of a "
-                                  f"YOLOv9 checkpoint (nothing from the file was executed)") from None
+            raise CheckpointError(
+                f"{path}: refused to load: it references '{m.group(1)}', which is not part of a "
+                f"YOLOv9 checkpoint (nothing from the file was executed)"
+            ) from None
         first = msg.strip().splitlines()[0] if msg.strip() else type(e).__name__
         raise CheckpointError(f"{path}: unreadable checkpoint ({first[:200]})") from None
 
@@ -93,8 +113,14 @@ def _from_official(obj: dict, path: Path) -> dict:
 
 
 def _ours(cfg: dict, state: dict, names: list[str] | None, meta: dict | None = None) -> dict:
-    return {"format": FORMAT, "version": FORMAT_VERSION, "cfg": cfg, "names": list(names or []),
-            "model": state, "meta": meta or {}}
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "cfg": cfg,
+        "names": list(names or []),
+        "model": state,
+        "meta": meta or {},
+    }
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -116,8 +142,10 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Detect
         raise CheckpointError(f"{path}: its layer config does not build: {e}") from None
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not fit the config ({len(missing)} missing, "
-                              f"{len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})")
+        raise CheckpointError(
+            f"{path}: weights do not fit the config ({len(missing)} missing, "
+            f"{len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})"
+        )
     return model
 
 

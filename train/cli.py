@@ -17,11 +17,21 @@ def _quickstart(args: argparse.Namespace) -> None:
     from train.trainer import TrainConfig, Trainer
 
     gpu = torch.cuda.is_available()
-    cfg = TrainConfig(data=args.data, cfg="yolov9-s" if gpu else "gelan-t", img=640 if gpu else 320,
-                      epochs=args.epochs or (30 if gpu else 3), batch=16, workers=min(8, os.cpu_count() or 1),
-                      close_mosaic=1, name="quickstart", cache="ram")
-    print(f"quickstart: training {cfg.cfg} at {cfg.img} px for {cfg.epochs} epochs on {cfg.data} "
-          f"({'GPU' if gpu else 'CPU'})")
+    cfg = TrainConfig(
+        data=args.data,
+        cfg="yolov9-s" if gpu else "gelan-t",
+        img=640 if gpu else 320,
+        epochs=args.epochs or (30 if gpu else 3),
+        batch=16,
+        workers=min(8, os.cpu_count() or 1),
+        close_mosaic=1,
+        name="quickstart",
+        cache="ram",
+    )
+    print(
+        f"quickstart: training {cfg.cfg} at {cfg.img} px for {cfg.epochs} epochs on {cfg.data} "
+        f"({'GPU' if gpu else 'CPU'})"
+    )
     run = Trainer(cfg).fit()["run_dir"]
     serve_once(f"{run}/weights/best.pt", port=args.port, img=cfg.img, conf=0.25)
 
@@ -35,13 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     bench = sub.add_parser("bench", help="benchmarks (train step, inference engines)").add_subparsers(
-        dest="bench", required=True, metavar="WHAT")
-    q = sub.add_parser("quickstart", help="train on coco128, then serve the model and answer one request",
-                       description="The main job on embedded defaults: train (gelan-t at 320 px for 3 epochs on a "
-                                   "CPU, yolov9-s at 640 px for 30 epochs on a GPU), then start Triton and the "
-                                   "gateway on loopback, send one image, print the detections and stop.")
-    q.add_argument("--data", default="coco128", help="dataset (default: coco128 from ../shared/datasets or "
-                                                     "$YOLOV9_DATASETS)")
+        dest="bench", required=True, metavar="WHAT"
+    )
+    q = sub.add_parser(
+        "quickstart",
+        help="train on coco128, then serve the model and answer one request",
+        description="The main job on embedded defaults: train (gelan-t at 320 px for 3 epochs on a "
+        "CPU, yolov9-s at 640 px for 30 epochs on a GPU), then start Triton and the "
+        "gateway on loopback, send one image, print the detections and stop.",
+    )
+    q.add_argument(
+        "--data", default="coco128", help="dataset (default: coco128 from ../shared/datasets or $YOLOV9_DATASETS)"
+    )
     q.add_argument("--epochs", type=int, default=None, help="override the number of epochs")
     q.add_argument("--port", type=int, default=8080, help="gateway port")
     q.set_defaults(func=_quickstart)

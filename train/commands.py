@@ -46,8 +46,25 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_TRAIN_HELP[f.name])
         else:
-            typ = int if f.name in ("img", "epochs", "batch", "nbs", "accumulate", "close_mosaic", "workers", "seed",
-                                    "val_interval", "stop_after") else float if f.name == "clip" else str
+            typ = (
+                int
+                if f.name
+                in (
+                    "img",
+                    "epochs",
+                    "batch",
+                    "nbs",
+                    "accumulate",
+                    "close_mosaic",
+                    "workers",
+                    "seed",
+                    "val_interval",
+                    "stop_after",
+                )
+                else float
+                if f.name == "clip"
+                else str
+            )
             kw = {"choices": ["bf16", "fp16", "off"]} if f.name == "amp" else {}
             kw = {"choices": ["ram", "disk"]} if f.name == "cache" else kw
             p.add_argument(flag, type=typ, default=default, help=f"{_TRAIN_HELP[f.name]} (default: {default})", **kw)
@@ -67,8 +84,10 @@ def _train(args: argparse.Namespace) -> None:
 
     summary = Trainer(_config(args)).fit()
     last = summary.get("last", {})
-    print(f"done: {summary['run_dir']}  mAP50-95 {last.get('map', float('nan')):.4f}  "
-          f"mAP50 {last.get('map50', float('nan')):.4f}  weights in {summary['run_dir']}/weights")
+    print(
+        f"done: {summary['run_dir']}  mAP50-95 {last.get('map', float('nan')):.4f}  "
+        f"mAP50 {last.get('map50', float('nan')):.4f}  weights in {summary['run_dir']}/weights"
+    )
 
 
 def _val(args: argparse.Namespace) -> None:
@@ -79,8 +98,14 @@ def _val(args: argparse.Namespace) -> None:
 
     engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img, half=args.half)
     ds = DetectionDataset(load_split(resolve_data(args.data), args.split), args.img, augment=False, desc="val")
-    res = evaluate(engine, build_loader(ds, args.batch, args.workers, False), engine.device, engine.dtype,
-                   conf=args.conf, iou=args.iou)
+    res = evaluate(
+        engine,
+        build_loader(ds, args.batch, args.workers, False),
+        engine.device,
+        engine.dtype,
+        conf=args.conf,
+        iou=args.iou,
+    )
     print(format_table(res))
     print(f"engine {engine.kind}: mAP50-95 {res['map']:.4f}  mAP50 {res['map50']:.4f}")
     if args.out:
@@ -112,27 +137,40 @@ def _convert(args: argparse.Namespace) -> None:
 
 
 def register(sub, bench) -> None:
-    s = sub.add_parser("info", help="print layers, parameters and GFLOPs of a model",
-                       description="Print the layer table, parameter count and GFLOPs of a model.")
+    s = sub.add_parser(
+        "info",
+        help="print layers, parameters and GFLOPs of a model",
+        description="Print the layer table, parameter count and GFLOPs of a model.",
+    )
     s.add_argument("model", help="checkpoint (official or ours), model YAML, or zoo name such as yolov9-s")
     s.add_argument("--img", type=int, default=640, help="image size for the GFLOPs count (default 640)")
     s.add_argument("--fuse", action="store_true", help="show the deployed form (re-parameterized and fused)")
     s.set_defaults(func=_info)
 
-    s = sub.add_parser("convert", help="official checkpoint -> this project's checkpoint format",
-                       description="Read an official YOLOv9 release checkpoint without executing code from it and "
-                                   "write it in this project's format (tensors + JSON-able config).")
+    s = sub.add_parser(
+        "convert",
+        help="official checkpoint -> this project's checkpoint format",
+        description="Read an official YOLOv9 release checkpoint without executing code from it and "
+        "write it in this project's format (tensors + JSON-able config).",
+    )
     s.add_argument("src", help="official .pt checkpoint (or one of ours)")
     s.add_argument("out", help="output .pt path")
     s.set_defaults(func=_convert)
 
-    s = sub.add_parser("train", help="train a detector", description="Train a YOLOv9/GELAN detector with AMP.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = sub.add_parser(
+        "train",
+        help="train a detector",
+        description="Train a YOLOv9/GELAN detector with AMP.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     _add_train_args(s)
     s.set_defaults(func=_train)
 
-    s = sub.add_parser("val", help="COCO mAP of weights or an engine on a dataset",
-                       description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.")
+    s = sub.add_parser(
+        "val",
+        help="COCO mAP of weights or an engine on a dataset",
+        description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.",
+    )
     s.add_argument("weights", nargs="?", default=None, help="checkpoint, zoo name, or engine file")
     s.add_argument("--engine", default=None, help="engine file (.onnx, .pt2, .plan) or auto:WEIGHTS; overrides weights")
     s.add_argument("--data", default="coco128", help="dataset (see `yolov9 train --help`)")
@@ -141,16 +179,23 @@ def register(sub, bench) -> None:
     s.add_argument("--batch", type=int, default=32, help="batch size")
     s.add_argument("--workers", type=int, default=4, help="loader worker processes")
     s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
-    s.add_argument("--half", action=argparse.BooleanOptionalAction, default=None,
-                   help="PyTorch weights: fp16 (default on CUDA) or fp32 (--no-half)")
+    s.add_argument(
+        "--half",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PyTorch weights: fp16 (default on CUDA) or fp32 (--no-half)",
+    )
     s.add_argument("--conf", type=float, default=0.001, help="score threshold before NMS")
     s.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     s.add_argument("--out", default=None, help="write the metrics as JSON here")
     s.set_defaults(func=_val)
 
-    s = bench.add_parser("train", help="steady-state training throughput",
-                         description="Time training steps on synthetic-free real data: images/s, GPU busy %%, "
-                                     "data-wait share and peak memory, for each --amp mode.")
+    s = bench.add_parser(
+        "train",
+        help="steady-state training throughput",
+        description="Time training steps on synthetic-free real data: images/s, GPU busy %%, "
+        "data-wait share and peak memory, for each --amp mode.",
+    )
     s.add_argument("--cfg", default="yolov9-s", help="model config")
     s.add_argument("--data", default="coco128", help="dataset")
     s.add_argument("--img", type=int, default=640, help="image size")

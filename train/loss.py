@@ -44,8 +44,11 @@ class TaskAlignedAssigner:
         b, n = gt_bboxes.shape[:2]
         num_anchors = anchors.shape[0]
         if n == 0:
-            return (torch.zeros_like(pd_bboxes), torch.zeros_like(pd_scores),
-                    torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device))
+            return (
+                torch.zeros_like(pd_bboxes),
+                torch.zeros_like(pd_scores),
+                torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device),
+            )
         labels = gt_labels.long().squeeze(-1)  # (b, n)
         # score of each anchor for each gt's class, (b, n, A)
         scores = pd_scores.permute(0, 2, 1).gather(1, labels.unsqueeze(-1).expand(b, n, num_anchors))
@@ -83,8 +86,16 @@ class TaskAlignedAssigner:
 class DetectionLoss:
     """Sum over heads of weight * (box, cls, dfl) terms, times the gains; returns (loss * batch, items)."""
 
-    def __init__(self, nc: int, strides: torch.Tensor, reg_max: int = 16, head_weights: tuple[float, ...] = (1.0,),
-                 topk: int = 10, alpha: float = 0.5, beta: float = 6.0):
+    def __init__(
+        self,
+        nc: int,
+        strides: torch.Tensor,
+        reg_max: int = 16,
+        head_weights: tuple[float, ...] = (1.0,),
+        topk: int = 10,
+        alpha: float = 0.5,
+        beta: float = 6.0,
+    ):
         self.nc, self.reg_max, self.head_weights = nc, reg_max, head_weights
         self.strides = strides
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
@@ -120,7 +131,9 @@ class DetectionLoss:
     def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:
         b = feats[0].shape[0]
         no = self.nc + 4 * self.reg_max
-        pred_dist, pred_scores = torch.cat([f.view(b, no, -1).float() for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
+        pred_dist, pred_scores = torch.cat([f.view(b, no, -1).float() for f in feats], 2).split(
+            (4 * self.reg_max, self.nc), 1
+        )
         pred_scores = pred_scores.permute(0, 2, 1).contiguous()
         pred_dist = pred_dist.permute(0, 2, 1).contiguous()
         proj = torch.arange(self.reg_max, device=pred_dist.device, dtype=pred_dist.dtype)
@@ -128,13 +141,20 @@ class DetectionLoss:
         pred_bboxes = dist2bbox(pa, anchors, xywh=False)  # grid units
 
         target_bboxes, target_scores, fg = self.assigner(
-            pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_t).to(gt_bboxes.dtype),
-            anchors * stride_t, gt_labels, gt_bboxes, mask_gt)
+            pred_scores.detach().sigmoid(),
+            (pred_bboxes.detach() * stride_t).to(gt_bboxes.dtype),
+            anchors * stride_t,
+            gt_labels,
+            gt_bboxes,
+            mask_gt,
+        )
         target_bboxes = target_bboxes / stride_t
         norm = target_scores.sum().clamp(min=1)
 
-        cls = F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(pred_scores.dtype),
-                                                 reduction="none").sum() / norm
+        cls = (
+            F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(pred_scores.dtype), reduction="none").sum()
+            / norm
+        )
         weight = target_scores.sum(-1) * fg  # (b, A), zero off the foreground
         iou = bbox_ciou(pred_bboxes, target_bboxes).squeeze(-1)
         box = ((1.0 - iou) * weight).sum() / norm
@@ -143,7 +163,9 @@ class DetectionLoss:
         left = target_ltrb.long().clamp(max=self.reg_max - 2)
         wl = left + 1 - target_ltrb
         logp = pred_dist.view(b, -1, 4, self.reg_max).float().log_softmax(-1)
-        dfl = -(logp.gather(-1, left.unsqueeze(-1)).squeeze(-1) * wl
-                + logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1) * (1 - wl))
+        dfl = -(
+            logp.gather(-1, left.unsqueeze(-1)).squeeze(-1) * wl
+            + logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1) * (1 - wl)
+        )
         dfl = (dfl.mean(-1) * weight).sum() / norm
         return torch.stack((box, cls, dfl))

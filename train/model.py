@@ -153,8 +153,10 @@ class DetectionModel(nn.Module):
         spec = self.cfg.get("reparam") or zoo_reparam(self.cfg)
         if spec is None:
             if self.head.groups > 1:
-                raise ValueError("this multi-head model has no 'reparam' mapping in its config and matches no zoo "
-                                 "model; add one to its YAML")
+                raise ValueError(
+                    "this multi-head model has no 'reparam' mapping in its config and matches no zoo "
+                    "model; add one to its YAML"
+                )
             return self
         gelan = DetectionModel(spec["to"], nc=self.nc, names=self.names).to(self.stride.device)
         src = self.state_dict()
@@ -178,8 +180,10 @@ class DetectionModel(nn.Module):
         for m in self.model:
             n = len(m) if isinstance(m, nn.Sequential) else 1
             rows.append(f"{m.i:>3}{str(m.f):>26}{n:>3}{n_params(m):>11,}  {m.type:<14}")
-        rows.append(f"{self.cfg.get('name', 'model')}: {len(list(self.modules()))} modules, {n_params(self):,} "
-                    f"parameters, {gflops(self, img_size):.1f} GFLOPs at {img_size}")
+        rows.append(
+            f"{self.cfg.get('name', 'model')}: {len(list(self.modules()))} modules, {n_params(self):,} "
+            f"parameters, {gflops(self, img_size):.1f} GFLOPs at {img_size}"
+        )
         return "\n".join(rows)
 
 
@@ -198,4 +202,3 @@ def gflops(model: nn.Module, img_size: int = 640) -> float:
         model(torch.zeros(1, 3, img_size, img_size, device=p.device, dtype=p.dtype))
     model.train(was_training)
     return counter.get_total_flops() / 1e9
-

@@ -24,8 +24,20 @@ def autopad(k: int, p: int | None = None) -> int:
 
 def fold_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     """A conv with bias equal to conv followed by eval-mode BN."""
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                      conv.dilation, conv.groups, bias=True).requires_grad_(False).to(conv.weight.device)
+    fused = (
+        nn.Conv2d(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            conv.stride,
+            conv.padding,
+            conv.dilation,
+            conv.groups,
+            bias=True,
+        )
+        .requires_grad_(False)
+        .to(conv.weight.device)
+    )
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
     fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
     bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
@@ -253,20 +265,26 @@ class Detect(nn.Module):
         self.groups = len(ch) // nl
         self.register_buffer("stride", torch.zeros(nl), persistent=False)
         for g in range(self.groups):
-            cin = ch[g * nl:(g + 1) * nl]
+            cin = ch[g * nl : (g + 1) * nl]
             c_box = make_divisible(max(cin[0] // 4, 4 * reg_max, 16), 4)
             c_cls = max(cin[0], min(nc * 2, 128))
-            box = nn.ModuleList(nn.Sequential(Conv(x, c_box, 3), Conv(c_box, c_box, 3, g=4),
-                                              nn.Conv2d(c_box, 4 * reg_max, 1, groups=4)) for x in cin)
-            cls = nn.ModuleList(nn.Sequential(Conv(x, c_cls, 3), Conv(c_cls, c_cls, 3), nn.Conv2d(c_cls, nc, 1))
-                                for x in cin)
+            box = nn.ModuleList(
+                nn.Sequential(Conv(x, c_box, 3), Conv(c_box, c_box, 3, g=4), nn.Conv2d(c_box, 4 * reg_max, 1, groups=4))
+                for x in cin
+            )
+            cls = nn.ModuleList(
+                nn.Sequential(Conv(x, c_cls, 3), Conv(c_cls, c_cls, 3), nn.Conv2d(c_cls, nc, 1)) for x in cin
+            )
             setattr(self, f"cv{2 + 2 * g}", box)
             setattr(self, f"cv{3 + 2 * g}", cls)
             setattr(self, "dfl" if g == 0 else f"dfl{g + 1}", DFL(reg_max))
 
     def branches(self, g: int) -> tuple[nn.ModuleList, nn.ModuleList, DFL]:
-        return (getattr(self, f"cv{2 + 2 * g}"), getattr(self, f"cv{3 + 2 * g}"),
-                getattr(self, "dfl" if g == 0 else f"dfl{g + 1}"))
+        return (
+            getattr(self, f"cv{2 + 2 * g}"),
+            getattr(self, f"cv{3 + 2 * g}"),
+            getattr(self, "dfl" if g == 0 else f"dfl{g + 1}"),
+        )
 
     def bias_init(self) -> None:
         """Box bias 1.0; class bias for about 5 objects per 640 image over nc classes (official recipe)."""
@@ -280,7 +298,7 @@ class Detect(nn.Module):
         raw = []
         for g in range(self.groups):
             box, cls, _ = self.branches(g)
-            feats = x[g * self.nl:(g + 1) * self.nl]
+            feats = x[g * self.nl : (g + 1) * self.nl]
             raw.append([torch.cat((box[i](f), cls[i](f)), 1) for i, f in enumerate(feats)])
         if self.training:
             return raw[0] if self.groups == 1 else raw
@@ -288,7 +306,6 @@ class Detect(nn.Module):
         return out[0] if self.groups == 1 else out
 
     def decode(self, feats: list[torch.Tensor], dfl: DFL) -> torch.Tensor:
-        b = feats[0].shape[0]
         anchors, strides = make_anchors(feats, self.stride, 0.5)
         box, cls = torch.cat([f.flatten(2) for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
         dbox = dist2bbox(dfl(box), anchors.transpose(0, 1).unsqueeze(0), xywh=True, dim=1) * strides.transpose(0, 1)
@@ -305,7 +322,18 @@ class Detect(nn.Module):
 
 
 MODULES: dict[str, type[nn.Module]] = {
-    "Conv": Conv, "AConv": AConv, "ADown": ADown, "RepNCSPELAN4": RepNCSPELAN4, "ELAN1": ELAN1, "SPPELAN": SPPELAN,
-    "Concat": Concat, "Silence": Silence, "CBLinear": CBLinear, "CBFuse": CBFuse, "nn.Upsample": nn.Upsample,
-    "Detect": Detect, "DDetect": Detect, "DualDDetect": Detect,
+    "Conv": Conv,
+    "AConv": AConv,
+    "ADown": ADown,
+    "RepNCSPELAN4": RepNCSPELAN4,
+    "ELAN1": ELAN1,
+    "SPPELAN": SPPELAN,
+    "Concat": Concat,
+    "Silence": Silence,
+    "CBLinear": CBLinear,
+    "CBFuse": CBFuse,
+    "nn.Upsample": nn.Upsample,
+    "Detect": Detect,
+    "DDetect": Detect,
+    "DualDDetect": Detect,
 }

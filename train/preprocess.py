@@ -91,18 +91,31 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
     return torch.stack(boxed), list(metas)
 
 
-def postprocess(pred: torch.Tensor, metas: list[LetterboxMeta], conf: float = 0.25, iou: float = 0.45,
-                max_det: int = 300, classes: list[int] | None = None) -> list[torch.Tensor]:
+def postprocess(
+    pred: torch.Tensor,
+    metas: list[LetterboxMeta],
+    conf: float = 0.25,
+    iou: float = 0.45,
+    max_det: int = 300,
+    classes: list[int] | None = None,
+) -> list[torch.Tensor]:
     """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
     dets = non_max_suppression(pred, conf, iou, max_det, classes)
-    return [torch.cat((scale_boxes_back(d[:, :4], m.ratio, m.pad, m.orig_hw), d[:, 4:]), 1)
-            for d, m in zip(dets, metas)]
+    return [
+        torch.cat((scale_boxes_back(d[:, :4], m.ratio, m.pad, m.orig_hw), d[:, 4:]), 1) for d, m in zip(dets, metas)
+    ]
 
 
 def detections_to_json(det: torch.Tensor, names: list[str]) -> list[dict]:
     out = []
     for x1, y1, x2, y2, s, c in det.tolist():
         c = int(c)
-        out.append({"box": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)], "score": round(s, 5),
-                    "class_id": c, "class_name": names[c] if c < len(names) else str(c)})
+        out.append(
+            {
+                "box": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)],
+                "score": round(s, 5),
+                "class_id": c,
+                "class_name": names[c] if c < len(names) else str(c),
+            }
+        )
     return out

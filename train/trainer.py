@@ -99,8 +99,11 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool):
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": json.dumps(np.random.get_state()[1].tolist()),
-             "python": json.dumps(random.getstate()[1])}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": json.dumps(np.random.get_state()[1].tolist()),
+        "python": json.dumps(random.getstate()[1]),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -134,11 +137,20 @@ class Trainer:
                 ck_path = ck_path / "weights" / "last.pt"
             self.resume_state = read_checkpoint(ck_path)
             if "train" not in self.resume_state:
-                raise ValueError(f"{ck_path}: holds no training state to resume from (a final or converted "
-                                 f"checkpoint); start a new run with --weights instead")
+                raise ValueError(
+                    f"{ck_path}: holds no training state to resume from (a final or converted "
+                    f"checkpoint); start a new run with --weights instead"
+                )
             saved = dict(self.resume_state["train"]["config"])
-            saved.update(resume=str(ck_path), stop_after=cfg.stop_after, exist_ok=True, name=ck_path.parents[1].name,
-                         project=str(ck_path.parents[2]), device=cfg.device, workers=cfg.workers)
+            saved.update(
+                resume=str(ck_path),
+                stop_after=cfg.stop_after,
+                exist_ok=True,
+                name=ck_path.parents[1].name,
+                project=str(ck_path.parents[2]),
+                device=cfg.device,
+                workers=cfg.workers,
+            )
             cfg = TrainConfig(**saved)
         self.cfg = cfg
         self.device = select_device(cfg.device)
@@ -153,10 +165,23 @@ class Trainer:
             self.amp_dtype = torch.bfloat16
 
         spec = resolve_data(cfg.data)
-        self.train_ds = DetectionDataset(load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp,
-                                         cache=cfg.cache, seed=cfg.seed, workers=cfg.workers, desc="train")
-        self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, augment=False, cache=cfg.cache,
-                                       workers=cfg.workers, desc="val") if cfg.val else None
+        self.train_ds = DetectionDataset(
+            load_split(spec, "train"),
+            cfg.img,
+            augment=True,
+            hyp=self.hyp,
+            cache=cfg.cache,
+            seed=cfg.seed,
+            workers=cfg.workers,
+            desc="train",
+        )
+        self.val_ds = (
+            DetectionDataset(
+                load_split(spec, "val"), cfg.img, augment=False, cache=cfg.cache, workers=cfg.workers, desc="val"
+            )
+            if cfg.val
+            else None
+        )
         print(self.train_ds.problems.summary())
         (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
         self.names = self.train_ds.names
@@ -177,8 +202,10 @@ class Trainer:
             own = model.state_dict()
             fit = {k: v for k, v in ck["model"].items() if k in own and own[k].shape == v.shape}
             model.load_state_dict(fit, strict=False)
-            print(f"weights: {len(fit)}/{len(own)} tensors from {self.cfg.weights}"
-                  + (f" (class outputs re-initialised for {nc} classes)" if len(fit) < len(own) else ""))
+            print(
+                f"weights: {len(fit)}/{len(own)} tensors from {self.cfg.weights}"
+                + (f" (class outputs re-initialised for {nc} classes)" if len(fit) < len(own) else "")
+            )
             return model
         return DetectionModel(load_cfg(self.cfg.cfg), nc=nc, names=self.names)
 
@@ -266,8 +293,9 @@ class Trainer:
                         accumulate = max(1, round(float(np.interp(ni, xi, [1, cfg.accumulate or cfg.nbs / batch]))))
                         for j, g in enumerate(optimizer.param_groups):
                             # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
-                            g["lr"] = float(np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0,
-                                                               g["initial_lr"] * lf(epoch)]))
+                            g["lr"] = float(
+                                np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0, g["initial_lr"] * lf(epoch)])
+                            )
                             if "momentum" in g:
                                 g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
                     x = imgs.to(dev, non_blocking=True)
@@ -295,8 +323,10 @@ class Trainer:
                     if i % 10 == 0 or i == nb - 1:
                         el = time.perf_counter() - t_epoch
                         b, c, d = mloss.tolist()
-                        pbar.set_postfix_str(f"box {b:.3f} cls {c:.3f} dfl {d:.3f} | {seen / el:.0f} img/s | "
-                                             f"data {100 * t_wait / el:.0f}% | {monitor.read()}")
+                        pbar.set_postfix_str(
+                            f"box {b:.3f} cls {c:.3f} dfl {d:.3f} | {seen / el:.0f} img/s | "
+                            f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
+                        )
                     pbar.update(1)
             except torch.OutOfMemoryError:
                 pbar.close()
@@ -313,9 +343,17 @@ class Trainer:
             pbar.close()
             scheduler.step()
             el = time.perf_counter() - t_epoch
-            row = {"epoch": epoch, "box": mloss[0].item(), "cls": mloss[1].item(), "dfl": mloss[2].item(),
-                   "lr": optimizer.param_groups[0]["lr"], "images_per_s": seen / el, "data_wait": t_wait / el,
-                   "mosaic": mosaic_on and hyp.mosaic > 0, "batch": batch}
+            row = {
+                "epoch": epoch,
+                "box": mloss[0].item(),
+                "cls": mloss[1].item(),
+                "dfl": mloss[2].item(),
+                "lr": optimizer.param_groups[0]["lr"],
+                "images_per_s": seen / el,
+                "data_wait": t_wait / el,
+                "mosaic": mosaic_on and hyp.mosaic > 0,
+                "batch": batch,
+            }
             final = epoch == cfg.epochs - 1
             if val_loader is not None and ((epoch + 1) % cfg.val_interval == 0 or final or epoch == end_epoch - 1):
                 res = evaluate(ema.ema, val_loader, dev)
@@ -326,10 +364,18 @@ class Trainer:
                     summary["per_class"] = res["per_class"]
             else:
                 fitness = -1.0
-            ckpt_train = {"config": asdict(cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                          "scaler": scaler.state_dict(), "ema_updates": ema.updates, "epoch": epoch,
-                          "best_fitness": max(best, fitness), "batch": batch, "rng": rng_state()}
+            ckpt_train = {
+                "config": asdict(cfg),
+                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(),
+                "ema_updates": ema.updates,
+                "epoch": epoch,
+                "best_fitness": max(best, fitness),
+                "batch": batch,
+                "rng": rng_state(),
+            }
             meta = {"epoch": epoch, "map": row.get("map"), "map50": row.get("map50"), "data": cfg.data}
             save_checkpoint(self.dir / "weights" / "last.pt", ema.ema, meta, train=ckpt_train)
             if fitness > best:
@@ -350,8 +396,13 @@ class Trainer:
         if writer:
             writer.close()
         rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
-        summary.update(run_dir=str(self.dir), epochs=[r["epoch"] for r in rows], last=rows[-1] if rows else {},
-                       skipped_steps=int(skipped.item()), peak_memory_gib=monitor.peak_gib())
+        summary.update(
+            run_dir=str(self.dir),
+            epochs=[r["epoch"] for r in rows],
+            last=rows[-1] if rows else {},
+            skipped_steps=int(skipped.item()),
+            peak_memory_gib=monitor.peak_gib(),
+        )
         return summary
 
 

@@ -23,20 +23,38 @@ def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) 
     for i, (h, w) in shapes.items():
         images.append({"id": i, "height": h, "width": w})
         for c, x, y, bw, bh in ds.labels[i].tolist():
-            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c), "iscrowd": 0,
-                         "bbox": [(x - bw / 2) * w, (y - bh / 2) * h, bw * w, bh * h], "area": bw * w * bh * h})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i,
+                    "category_id": int(c),
+                    "iscrowd": 0,
+                    "bbox": [(x - bw / 2) * w, (y - bh / 2) * h, bw * w, bh * h],
+                    "area": bw * w * bh * h,
+                }
+            )
     gt = COCO()
-    gt.dataset = {"images": images, "annotations": anns,
-                  "categories": [{"id": k, "name": n} for k, n in enumerate(ds.names)]}
+    gt.dataset = {
+        "images": images,
+        "annotations": anns,
+        "categories": [{"id": k, "name": n} for k, n in enumerate(ds.names)],
+    }
     with contextlib.redirect_stdout(io.StringIO()):
         gt.createIndex()
     return gt
 
 
 @torch.no_grad()
-def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], loader, device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.float32, conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
-             progress: bool = True) -> dict:
+def evaluate(
+    predict: Callable[[torch.Tensor], torch.Tensor],
+    loader,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    progress: bool = True,
+) -> dict:
     """Runs `predict` over the loader (built on a non-augmenting DetectionDataset) and scores it."""
     ds: DetectionDataset = loader.dataset
     dets, shapes = [], {}
@@ -74,14 +92,18 @@ def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> dict:
         n = sum(1 for a in gt.dataset["annotations"] if a["category_id"] == cat)
         if n:
             result["per_class"][ds.names[cat]] = {
-                "instances": n, "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
-                "ap50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else 0.0}
+                "instances": n,
+                "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
+                "ap50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else 0.0,
+            }
     return result
 
 
 def format_table(res: dict) -> str:
-    rows = [f"{'class':<20}{'instances':>10}{'AP50':>8}{'AP50-95':>9}",
-            f"{'all':<20}{res['instances']:>10}{res['map50']:>8.3f}{res['map']:>9.3f}"]
+    rows = [
+        f"{'class':<20}{'instances':>10}{'AP50':>8}{'AP50-95':>9}",
+        f"{'all':<20}{res['instances']:>10}{res['map50']:>8.3f}{res['map']:>9.3f}",
+    ]
     for name, r in sorted(res["per_class"].items(), key=lambda kv: -kv[1]["instances"]):
         rows.append(f"{name:<20}{r['instances']:>10}{r['ap50']:>8.3f}{r['ap']:>9.3f}")
     return "\n".join(rows)

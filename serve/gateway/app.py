@@ -13,7 +13,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import Depends, FastAPI, File, HTTPException, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -26,8 +26,9 @@ ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "applica
 
 @dataclass
 class Settings:
-    triton_urls: list[str] = field(default_factory=lambda: os.environ.get(
-        "YOLOV9_TRITON_URLS", "127.0.0.1:8001").split(","))
+    triton_urls: list[str] = field(
+        default_factory=lambda: os.environ.get("YOLOV9_TRITON_URLS", "127.0.0.1:8001").split(",")
+    )
     model: str = field(default_factory=lambda: os.environ.get("YOLOV9_MODEL", "yolov9"))
     max_upload_bytes: int = field(default_factory=lambda: int(os.environ.get("YOLOV9_MAX_UPLOAD_BYTES", 20 * 2**20)))
     max_in_flight: int = field(default_factory=lambda: int(os.environ.get("YOLOV9_MAX_IN_FLIGHT", 512)))
@@ -62,11 +63,13 @@ class ErrorBody(BaseModel):
 class DetectParams:
     """Query parameters shared by the detect endpoints (bad values are answered with 422)."""
 
-    def __init__(self, conf: float = Query(0.25, ge=0.0, le=1.0, description="score threshold"),
-                 iou: float = Query(0.45, gt=0.0, le=1.0, description="NMS IoU threshold"),
-                 max_det: int = Query(100, ge=1, le=1000, description="maximum detections per image"),
-                 classes: str | None = Query(None, pattern=r"^\d+(,\d+)*$",
-                                             description="comma-separated class ids to keep")):
+    def __init__(
+        self,
+        conf: float = Query(0.25, ge=0.0, le=1.0, description="score threshold"),
+        iou: float = Query(0.45, gt=0.0, le=1.0, description="NMS IoU threshold"),
+        max_det: int = Query(100, ge=1, le=1000, description="maximum detections per image"),
+        classes: str | None = Query(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep"),
+    ):
         self.conf, self.iou, self.max_det = conf, iou, max_det
         self.classes = [int(c) for c in classes.split(",")] if classes else None
 
@@ -89,10 +92,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await app.state.pool.close()
 
-    app = FastAPI(title="yolov9-trt gateway", version="0.1.0", lifespan=lifespan,
-                  description="Object detection over HTTP: images in, boxes out. Backed by Triton Inference Server.",
-                  responses={400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 415: {"model": ErrorBody},
-                             503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
+    app = FastAPI(
+        title="yolov9-trt gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Object detection over HTTP: images in, boxes out. Backed by Triton Inference Server.",
+        responses={
+            400: {"model": ErrorBody},
+            413: {"model": ErrorBody},
+            415: {"model": ErrorBody},
+            503: {"model": ErrorBody},
+            504: {"model": ErrorBody},
+        },
+    )
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, e: GatewayError):
@@ -131,8 +143,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     break
             data = bytes(data)
         if ctype not in ACCEPTED_TYPES:
-            raise GatewayError(415, "unsupported_type", f"content type {ctype} is not an image "
-                                                        f"({', '.join(sorted(ACCEPTED_TYPES))})")
+            raise GatewayError(
+                415, "unsupported_type", f"content type {ctype} is not an image ({', '.join(sorted(ACCEPTED_TYPES))})"
+            )
         if len(data) > settings.max_upload_bytes:
             raise GatewayError(413, "too_large", f"upload over {settings.max_upload_bytes} bytes")
         if not data:
@@ -157,23 +170,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             det = await app.state.pool.detect(data, p.conf, p.iou, p.max_det, p.classes)
             names = await app.state.pool.class_names()
         except BackendError as e:
-            raise GatewayError(_STATUS[e.kind], e.kind, str(e),
-                               retry_after=2 if e.kind == "unavailable" else None) from None
+            raise GatewayError(
+                _STATUS[e.kind], e.kind, str(e), retry_after=2 if e.kind == "unavailable" else None
+            ) from None
         finally:
             app.state.in_flight -= 1
             metrics.IN_FLIGHT.dec()
-        dets = [Detection(box=[round(float(v), 2) for v in row[:4]], score=round(float(row[4]), 5),
-                          class_id=int(row[5]), class_name=names[int(row[5])] if int(row[5]) < len(names)
-                          else str(int(row[5]))) for row in det]
-        return DetectResponse(detections=dets, width=w, height=h, latency_ms=round(1000 * (time.perf_counter() - t0), 2))
+        dets = [
+            Detection(
+                box=[round(float(v), 2) for v in row[:4]],
+                score=round(float(row[4]), 5),
+                class_id=int(row[5]),
+                class_name=names[int(row[5])] if int(row[5]) < len(names) else str(int(row[5])),
+            )
+            for row in det
+        ]
+        return DetectResponse(
+            detections=dets, width=w, height=h, latency_ms=round(1000 * (time.perf_counter() - t0), 2)
+        )
 
-    @app.post("/v1/detect", response_model=DetectResponse, dependencies=[Depends(require_key)],
-              summary="Detect objects in one image (multipart 'file' or raw image body)")
+    @app.post(
+        "/v1/detect",
+        response_model=DetectResponse,
+        dependencies=[Depends(require_key)],
+        summary="Detect objects in one image (multipart 'file' or raw image body)",
+    )
     async def detect(request: Request, params: DetectParams = Depends(), file: UploadFile | None = File(None)):
         return await detect_one(await read_image(request, file), params)
 
-    @app.post("/v1/detect/batch", response_model=BatchResponse, dependencies=[Depends(require_key)],
-              summary="Detect objects in several images (multipart 'files')")
+    @app.post(
+        "/v1/detect/batch",
+        response_model=BatchResponse,
+        dependencies=[Depends(require_key)],
+        summary="Detect objects in several images (multipart 'files')",
+    )
     async def detect_batch(params: DetectParams = Depends(), files: list[UploadFile] = File(...)):
         if len(files) > settings.max_batch_images:
             raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
@@ -190,11 +220,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         results = await asyncio.gather(*(detect_one(b, params) for b in blobs))
         return BatchResponse(results=list(results))
 
-    @app.post("/v1/detect/annotated", dependencies=[Depends(require_key)],
-              responses={200: {"content": {"image/jpeg": {}}}},
-              summary="The image with detected boxes drawn on it (JPEG)")
-    async def detect_annotated(request: Request, params: DetectParams = Depends(),
-                               file: UploadFile | None = File(None)):
+    @app.post(
+        "/v1/detect/annotated",
+        dependencies=[Depends(require_key)],
+        responses={200: {"content": {"image/jpeg": {}}}},
+        summary="The image with detected boxes drawn on it (JPEG)",
+    )
+    async def detect_annotated(
+        request: Request, params: DetectParams = Depends(), file: UploadFile | None = File(None)
+    ):
         import io
 
         from PIL import Image
@@ -214,9 +248,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             names = await app.state.pool.class_names()
         except BackendError as e:
             raise GatewayError(_STATUS[e.kind], e.kind, str(e), retry_after=2) from None
-        return {"models": [{"name": settings.model, "classes": names, "backend": cfg.get("backend") or
-                            cfg.get("platform"), "max_batch_size": cfg.get("max_batch_size"),
-                            "endpoints": settings.triton_urls}]}
+        return {
+            "models": [
+                {
+                    "name": settings.model,
+                    "classes": names,
+                    "backend": cfg.get("backend") or cfg.get("platform"),
+                    "max_batch_size": cfg.get("max_batch_size"),
+                    "endpoints": settings.triton_urls,
+                }
+            ]
+        }
 
     @app.get("/healthz", summary="Liveness: the gateway process answers")
     async def healthz():

@@ -38,9 +38,13 @@ class TritonPool:
             raise ValueError("no Triton endpoint given")
         self.urls, self.model, self.timeout_s = urls, model, timeout_s
         # short reconnect backoff: after a Triton restart the gateway recovers within about a second
-        args = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_send_message_length", 64 * 2**20),
-                ("grpc.max_receive_message_length", 64 * 2**20)]
+        args = [
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.max_send_message_length", 64 * 2**20),
+            ("grpc.max_receive_message_length", 64 * 2**20),
+        ]
         self.clients = [grpcclient.InferenceServerClient(u, channel_args=args) for u in urls]
         self._next = itertools.cycle(range(len(self.clients)))
         self.names: list[str] | None = None
@@ -82,8 +86,11 @@ class TritonPool:
         arr = np.frombuffer(data, dtype=np.uint8)[None]
         inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
         inputs[0].set_data_from_numpy(arr)
-        for name, value, dtype in (("CONF", conf, np.float32), ("IOU", iou, np.float32),
-                                   ("MAX_DET", max_det, np.int32)):
+        for name, value, dtype in (
+            ("CONF", conf, np.float32),
+            ("IOU", iou, np.float32),
+            ("MAX_DET", max_det, np.int32),
+        ):
             t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
             t.set_data_from_numpy(np.array([[value]], dtype=dtype))
             inputs.append(t)

@@ -7,12 +7,15 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 REQUESTS = Counter("gateway_requests_total", "HTTP requests by endpoint and status", ["endpoint", "status"])
-LATENCY = Histogram("gateway_request_seconds", "request latency", ["endpoint"],
-                    buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+LATENCY = Histogram(
+    "gateway_request_seconds",
+    "request latency",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 IN_FLIGHT = Gauge("gateway_in_flight", "requests being served", multiprocess_mode="livesum")
 ERRORS = Counter("gateway_errors_total", "errors by kind", ["kind"])
-BATCH_SIZE = Histogram("gateway_batch_images", "images per /v1/detect/batch request",
-                       buckets=(1, 2, 4, 8, 16, 32, 64))
+BATCH_SIZE = Histogram("gateway_batch_images", "images per /v1/detect/batch request", buckets=(1, 2, 4, 8, 16, 32, 64))
 
 
 def render() -> tuple[bytes, str]:

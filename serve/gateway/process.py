@@ -15,13 +15,27 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class GatewayProcess:
-    def __init__(self, triton_urls: list[str], host: str = "127.0.0.1", port: int = 8080, workers: int = 1,
-                 model: str = "yolov9", max_upload_bytes: int | None = None, timeout_s: float | None = None,
-                 api_key: str | None = None, max_in_flight: int | None = None, log_file: str | Path | None = None):
+    def __init__(
+        self,
+        triton_urls: list[str],
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        workers: int = 1,
+        model: str = "yolov9",
+        max_upload_bytes: int | None = None,
+        timeout_s: float | None = None,
+        api_key: str | None = None,
+        max_in_flight: int | None = None,
+        log_file: str | Path | None = None,
+    ):
         self.host, self.port, self.workers = host, port, workers
         self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls), "YOLOV9_MODEL": model}
-        for key, value in (("YOLOV9_MAX_UPLOAD_BYTES", max_upload_bytes), ("YOLOV9_TIMEOUT_S", timeout_s),
-                           ("YOLOV9_API_KEY", api_key), ("YOLOV9_MAX_IN_FLIGHT", max_in_flight)):
+        for key, value in (
+            ("YOLOV9_MAX_UPLOAD_BYTES", max_upload_bytes),
+            ("YOLOV9_TIMEOUT_S", timeout_s),
+            ("YOLOV9_API_KEY", api_key),
+            ("YOLOV9_MAX_IN_FLIGHT", max_in_flight),
+        ):
             if value is not None:
                 self.env[key] = str(value)
         if workers > 1:  # prometheus-client aggregates the workers' metrics through files in this folder
@@ -35,9 +49,24 @@ class GatewayProcess:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
-        cmd = [sys.executable, "-m", "uvicorn", "serve.gateway.app:app", "--factory", "--host", self.host,
-               "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning",
-               "--timeout-graceful-shutdown", "5", "--no-access-log"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "serve.gateway.app:app",
+            "--factory",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--log-level",
+            "warning",
+            "--timeout-graceful-shutdown",
+            "5",
+            "--no-access-log",
+        ]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout

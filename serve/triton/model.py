@@ -26,8 +26,9 @@ class TritonPythonModel:
         engine = params["engine"]
         if not engine.startswith("/"):
             engine = f"{args['model_repository']}/{args['model_version']}/{engine}"
-        self.detector = Detector(engine, device=device, max_det=int(params.get("max_det", 100)),
-                                 img_size=int(params.get("img_size", 640)))
+        self.detector = Detector(
+            engine, device=device, max_det=int(params.get("max_det", 100)), img_size=int(params.get("img_size", 640))
+        )
         self.detector.warmup()
 
     def execute(self, requests):
@@ -36,21 +37,27 @@ class TritonPythonModel:
             data = _input(req, "IMAGE").reshape(-1).cpu().numpy().tobytes()
             conf, iou = _input(req, "CONF"), _input(req, "IOU")
             max_det, classes = _input(req, "MAX_DET"), _input(req, "CLASSES")
-            parsed.append(Request(data,
-                                  conf=float(conf.reshape(-1)[0]) if conf is not None else 0.25,
-                                  iou=float(iou.reshape(-1)[0]) if iou is not None else 0.45,
-                                  max_det=int(max_det.reshape(-1)[0]) if max_det is not None else 100,
-                                  classes=classes.reshape(-1).tolist() if classes is not None and classes.numel()
-                                  else None))
+            parsed.append(
+                Request(
+                    data,
+                    conf=float(conf.reshape(-1)[0]) if conf is not None else 0.25,
+                    iou=float(iou.reshape(-1)[0]) if iou is not None else 0.45,
+                    max_det=int(max_det.reshape(-1)[0]) if max_det is not None else 100,
+                    classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
+                )
+            )
         responses = []
         for res in self.detector(parsed):
             if isinstance(res, Exception):
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
                 continue
             dets, n = res
-            out = [pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets[None].contiguous())),
-                   pb_utils.Tensor.from_dlpack("NUM_DETS", torch.utils.dlpack.to_dlpack(
-                       torch.tensor([[n]], dtype=torch.int32, device=dets.device)))]
+            out = [
+                pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets[None].contiguous())),
+                pb_utils.Tensor.from_dlpack(
+                    "NUM_DETS", torch.utils.dlpack.to_dlpack(torch.tensor([[n]], dtype=torch.int32, device=dets.device))
+                ),
+            ]
             responses.append(pb_utils.InferenceResponse(output_tensors=out))
         return responses
 

@@ -25,7 +25,12 @@ class TritonPythonModel:
             dets = torch.zeros(1, self.max_det, 6, device=raw.device)
             dets[0, : len(det)] = det
             n = torch.tensor([[len(det)]], dtype=torch.int32, device=raw.device)
-            out.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets)),
-                pb_utils.Tensor.from_dlpack("NUM_DETS", torch.utils.dlpack.to_dlpack(n))]))
+            out.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets)),
+                        pb_utils.Tensor.from_dlpack("NUM_DETS", torch.utils.dlpack.to_dlpack(n)),
+                    ]
+                )
+            )
         return out

@@ -28,7 +28,12 @@ class TritonPythonModel:
                 continue
             x = (img.half() / 255)[None].contiguous()
             meta = torch.tensor([[*m.orig_hw, m.ratio, *m.pad]], dtype=torch.float32, device=x.device)
-            out.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor.from_dlpack("images", torch.utils.dlpack.to_dlpack(x)),
-                pb_utils.Tensor.from_dlpack("META", torch.utils.dlpack.to_dlpack(meta))]))
+            out.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor.from_dlpack("images", torch.utils.dlpack.to_dlpack(x)),
+                        pb_utils.Tensor.from_dlpack("META", torch.utils.dlpack.to_dlpack(meta)),
+                    ]
+                )
+            )
         return out

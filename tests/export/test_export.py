@@ -54,8 +54,9 @@ def test_onnx_matches_pytorch(weights, interop, tmp_path, coco128):
 
 def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco128):
     conf, iou = 0.05, 0.45
-    out = export_onnx(load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, end2end=True, conf=conf, iou=iou,
-                      max_det=100)
+    out = export_onnx(
+        load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, end2end=True, conf=conf, iou=iou, max_det=100
+    )
     eng = OnnxEngine(out)
     x = _coco_batch(coco128, 8, 160)
     num, boxes, scores, classes = eng.run_end2end(x)
@@ -80,8 +81,11 @@ def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path
     assert rel_l2(b, a) < 1e-4
     da, db = non_max_suppression(a, 0.05), non_max_suppression(b, 0.05)
     assert [len(d) for d in da] == [len(d) for d in db]
-    assert load_engine(f"auto:{trained_tiny}", device="cpu").kind == "onnx" if (
-        trained_tiny.with_suffix(".onnx").exists()) else True
+    assert (
+        load_engine(f"auto:{trained_tiny}", device="cpu").kind == "onnx"
+        if (trained_tiny.with_suffix(".onnx").exists())
+        else True
+    )
 
 
 def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subset):
@@ -89,8 +93,27 @@ def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subse
     maps = []
     for spec in (str(trained_tiny), str(onnx_path)):
         out = tmp_path / f"{len(maps)}.json"
-        subprocess.run([sys.executable, "-m", "train.cli", "val", spec, "--data", str(tiny_subset), "--img", "160",
-                        "--device", "cpu", "--workers", "0", "--out", str(out)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "train.cli",
+                "val",
+                spec,
+                "--data",
+                str(tiny_subset),
+                "--img",
+                "160",
+                "--device",
+                "cpu",
+                "--workers",
+                "0",
+                "--out",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+        )
         maps.append(__import__("json").loads(out.read_text()))
     assert maps[0]["map"] > 0.01  # the tiny model has learned something, so the comparison means something
     assert maps[1]["map"] == pytest.approx(maps[0]["map"], abs=2e-3)
@@ -104,8 +127,11 @@ def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
         pytest.skip("TensorRT is installed here")
     except ImportError:
         pass
-    r = subprocess.run([sys.executable, "-m", "train.cli", "export", "trt", "gelan-t", "-o", str(tmp_path / "m.plan")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "train.cli", "export", "trt", "gelan-t", "-o", str(tmp_path / "m.plan")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "pip install tensorrt" in r.stderr and r.stderr.count("\n") == 1
 
 
@@ -139,8 +165,10 @@ def _has_tensorrt() -> bool:
     return torch.cuda.is_available()
 
 
-@pytest.mark.skipif(not _has_tensorrt(), reason="TensorRT is not installed here (it cannot be installed on our "
-                                                  "machines) or there is no CUDA GPU")
+@pytest.mark.skipif(
+    not _has_tensorrt(),
+    reason="TensorRT is not installed here (it cannot be installed on our machines) or there is no CUDA GPU",
+)
 def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco128):
     from export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
 

@@ -51,8 +51,9 @@ def triton(checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def gateway(triton, tmp_path_factory):
     logs = tmp_path_factory.mktemp("gwlogs")
-    gw = GatewayProcess([triton.grpc_url], port=free_port(), workers=2, max_upload_bytes=2 * 2**20,
-                        log_file=logs / "gateway.log")
+    gw = GatewayProcess(
+        [triton.grpc_url], port=free_port(), workers=2, max_upload_bytes=2 * 2**20, log_file=logs / "gateway.log"
+    )
     gw.start()
     yield gw
     gw.stop()

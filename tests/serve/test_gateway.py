@@ -22,10 +22,17 @@ def _coco_images(coco128, n: int) -> list[bytes]:
     return [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]]
 
 
-def _post(gw, data: bytes, ctype: str = "image/jpeg", params: str = f"conf={CONF}", path: str = "/v1/detect",
-          headers: dict | None = None):
-    return httpx.post(f"{gw.url}{path}?{params}", content=data, headers={"Content-Type": ctype, **(headers or {})},
-                      timeout=60)
+def _post(
+    gw,
+    data: bytes,
+    ctype: str = "image/jpeg",
+    params: str = f"conf={CONF}",
+    path: str = "/v1/detect",
+    headers: dict | None = None,
+):
+    return httpx.post(
+        f"{gw.url}{path}?{params}", content=data, headers={"Content-Type": ctype, **(headers or {})}, timeout=60
+    )
 
 
 def test_http_detections_equal_local_inference(gateway, checkpoint, coco128):
@@ -34,15 +41,16 @@ def test_http_detections_equal_local_inference(gateway, checkpoint, coco128):
         r = _post(gateway, data)
         assert r.status_code == 200, r.text
         body = r.json()
-        (dets, n), = local([Request(data, conf=CONF, iou=0.45, max_det=100)])
+        ((dets, n),) = local([Request(data, conf=CONF, iou=0.45, max_det=100)])
         got = np.array([d["box"] + [d["score"], d["class_id"]] for d in body["detections"]]).reshape(-1, 6)
         assert len(got) == n > 0
         np.testing.assert_allclose(got[:, :4], dets[:n, :4].numpy(), atol=0.02)
         np.testing.assert_array_equal(got[:, 5], dets[:n, 5].numpy())
         w, h = Image.open(io.BytesIO(data)).size
         assert (body["width"], body["height"]) == (w, h)
-        assert all(0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h
-                   for d in body["detections"])
+        assert all(
+            0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h for d in body["detections"]
+        )
         assert body["detections"][0]["class_name"] in ("person", "bicycle") or body["detections"][0]["class_name"]
 
 
@@ -50,8 +58,11 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco128):
     imgs = _coco_images(coco128, 3)
     r = httpx.post(f"{gateway.url}/v1/detect?conf={CONF}", files={"file": ("a.jpg", imgs[0], "image/jpeg")})
     assert r.status_code == 200 and r.json()["detections"]
-    r = httpx.post(f"{gateway.url}/v1/detect/batch?conf={CONF}&max_det=5",
-                   files=[("files", (f"{i}.jpg", b, "image/jpeg")) for i, b in enumerate(imgs)], timeout=60)
+    r = httpx.post(
+        f"{gateway.url}/v1/detect/batch?conf={CONF}&max_det=5",
+        files=[("files", (f"{i}.jpg", b, "image/jpeg")) for i, b in enumerate(imgs)],
+        timeout=60,
+    )
     assert r.status_code == 200
     assert [len(x["detections"]) for x in r.json()["results"]] == [5, 5, 5]
     r = _post(gateway, imgs[1], path="/v1/detect/annotated")
@@ -71,12 +82,25 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco128):
 def _png_header(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )
 
 
-@pytest.mark.parametrize("case,status", [
-    ("garbage", 400), ("truncated", 400), ("empty", 400), ("too_large", 413), ("bomb", 413),
-    ("wrong_type", 415), ("bad_conf", 422), ("bad_classes", 422), ("bad_max_det", 422)])
+@pytest.mark.parametrize(
+    "case,status",
+    [
+        ("garbage", 400),
+        ("truncated", 400),
+        ("empty", 400),
+        ("too_large", 413),
+        ("bomb", 413),
+        ("wrong_type", 415),
+        ("bad_conf", 422),
+        ("bad_classes", 422),
+        ("bad_max_det", 422),
+    ],
+)
 def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco128, case, status):
     good = _coco_images(coco128, 1)[0]
     data, ctype, params = good, "image/jpeg", f"conf={CONF}"
@@ -112,8 +136,10 @@ def test_200_concurrent_requests_without_errors(gateway, coco128):
     async def run():
         limits = httpx.Limits(max_connections=200)
         async with httpx.AsyncClient(limits=limits, timeout=120) as c:
-            reqs = [c.post(f"{gateway.url}/v1/detect?conf=0.5", content=imgs[i % 8],
-                           headers={"Content-Type": "image/jpeg"}) for i in range(200)]
+            reqs = [
+                c.post(f"{gateway.url}/v1/detect?conf=0.5", content=imgs[i % 8], headers={"Content-Type": "image/jpeg"})
+                for i in range(200)
+            ]
             return await asyncio.gather(*reqs)
 
     codes = [r.status_code for r in asyncio.run(run())]

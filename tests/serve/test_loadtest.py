@@ -12,9 +12,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run_loadtest(tmp_path, target: str, url: str, extra: list[str] | None = None) -> dict:
     out = tmp_path / f"{target}.json"
-    cmd = [sys.executable, "-m", "train.cli", "loadtest", "--target", target, "--url", url, "--concurrency", "1,4",
-           "--duration", "2", "--warmup", "0.5", "--requests", "60", "--conf", "0.5", "--out", str(out),
-           *(extra or [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "train.cli",
+        "loadtest",
+        "--target",
+        target,
+        "--url",
+        url,
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "2",
+        "--warmup",
+        "0.5",
+        "--requests",
+        "60",
+        "--conf",
+        "0.5",
+        "--out",
+        str(out),
+        *(extra or []),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     for suffix in (".json", ".csv", ".png"):
@@ -41,9 +61,29 @@ def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
 
 def test_open_loop_rate(gateway, tmp_path):
     out = tmp_path / "rate.json"
-    r = subprocess.run([sys.executable, "-m", "train.cli", "loadtest", "--url", gateway.url, "--rate", "20",
-                        "--duration", "2", "--warmup", "0.5", "--conf", "0.5", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.cli",
+            "loadtest",
+            "--url",
+            gateway.url,
+            "--rate",
+            "20",
+            "--duration",
+            "2",
+            "--warmup",
+            "0.5",
+            "--conf",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (step,) = json.loads(out.read_text())["steps"]
     assert step["rate"] == 20 and step["errors"] == {} and 25 <= step["ok"] <= 60
@@ -51,10 +91,31 @@ def test_open_loop_rate(gateway, tmp_path):
 
 def test_locustfile_headless(gateway, tmp_path):
     prefix = tmp_path / "locust"
-    r = subprocess.run([sys.executable, "-m", "locust", "-f", str(ROOT / "serve" / "locustfile.py"), "--headless",
-                        "-u", "4", "-r", "4", "-t", "4s", "--host", gateway.url, "--csv", str(prefix),
-                        "--only-summary"], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "YOLOV9_LOADTEST_CONF": "0.5"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "serve" / "locustfile.py"),
+            "--headless",
+            "-u",
+            "4",
+            "-r",
+            "4",
+            "-t",
+            "4s",
+            "--host",
+            gateway.url,
+            "--csv",
+            str(prefix),
+            "--only-summary",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "YOLOV9_LOADTEST_CONF": "0.5"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rows = (tmp_path / "locust_stats.csv").read_text().splitlines()
     header, detect = rows[0].split(","), next(x for x in rows if "/v1/detect" in x).split(",")

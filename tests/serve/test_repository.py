@@ -10,8 +10,18 @@ from serve.repository import build_repo
 
 
 def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
-    d = build_repo(checkpoint, tmp_path, "det", max_batch=32, queue_delay_us=800, kind="gpu", instances=2,
-                   max_det=50, img_size=640, trt_variant=True)
+    d = build_repo(
+        checkpoint,
+        tmp_path,
+        "det",
+        max_batch=32,
+        queue_delay_us=800,
+        kind="gpu",
+        instances=2,
+        max_det=50,
+        img_size=640,
+        trt_variant=True,
+    )
     cfg = (d / "config.pbtxt").read_text()
     assert 'backend: "python"' in cfg and "max_batch_size: 32" in cfg and "KIND_GPU" in cfg and "count: 2" in cfg
     assert "max_queue_delay_microseconds: 800" in cfg and "preferred_batch_size: [ 4, 8, 16, 32 ]" in cfg

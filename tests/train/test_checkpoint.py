@@ -84,15 +84,20 @@ def test_truncated_and_foreign_files_give_one_line(interop, tmp_path):
 def test_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00" * 64)
-    r = subprocess.run([sys.executable, "-m", "train.cli", "convert", str(bad), str(tmp_path / "o.pt")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "train.cli", "convert", str(bad), str(tmp_path / "o.pt")], capture_output=True, text=True
+    )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "bad.pt" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_info_cli_prints_params_and_gflops(interop):
-    r = subprocess.run([sys.executable, "-m", "train.cli", "info", str(interop / "gelan-c.pt")],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "train.cli", "info", str(interop / "gelan-c.pt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     last = r.stdout.strip().splitlines()[-1]
     assert "25,498,752 parameters" in last and "GFLOPs at 640" in last
     gflops = float(last.split("parameters, ")[1].split(" GFLOPs")[0])

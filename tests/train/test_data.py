@@ -39,19 +39,27 @@ def _make_voc(root: Path, coco128: Path, n: int = 4) -> None:
     for k, img in enumerate(imgs):
         shutil.copy(img, root / "JPEGImages" / img.name)
         w, h = Image.open(img).size
-        objs = "".join(f"<object><name>{names[j % 3]}</name><bndbox><xmin>{10 + j}</xmin><ymin>20</ymin>"
-                       f"<xmax>{100 + j}</xmax><ymax>120</ymax></bndbox></object>" for j in range(k + 1))
-        objs += "<object><name>unicorn</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>"
+        objs = "".join(
+            f"<object><name>{names[j % 3]}</name><bndbox><xmin>{10 + j}</xmin><ymin>20</ymin>"
+            f"<xmax>{100 + j}</xmax><ymax>120</ymax></bndbox></object>"
+            for j in range(k + 1)
+        )
+        objs += (
+            "<object><name>unicorn</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox>"
+            "</object>"
+        )
         (root / "Annotations" / f"{img.stem}.xml").write_text(
             f"<annotation><filename>{img.name}</filename><size><width>{w}</width><height>{h}</height></size>"
-            f"{objs}</annotation>")
+            f"{objs}</annotation>"
+        )
     (root / "Annotations" / "broken.xml").write_text("<annotation><size>")
 
 
 def test_voc_xml_loads_and_reports_unknown_classes(coco128, tmp_path):
     _make_voc(tmp_path / "voc", coco128)
-    (tmp_path / "voc.yaml").write_text(yaml.safe_dump({"path": "voc", "format": "voc", "train": ".", "val": ".",
-                                                       "names": ["person", "car", "dog"]}))
+    (tmp_path / "voc.yaml").write_text(
+        yaml.safe_dump({"path": "voc", "format": "voc", "train": ".", "val": ".", "names": ["person", "car", "dog"]})
+    )
     idx = load_split(resolve_data(tmp_path / "voc.yaml"), "train")
     assert len(idx.images) == 4 and idx.names == ["person", "car", "dog"]
     assert [len(lab) for lab in idx.labels] == [1, 2, 3, 4]
@@ -91,8 +99,14 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     ds = DetectionDataset(idx, 160, augment=True)
     summary = ds.problems.summary()
     assert len(ds) == 5  # 7 files, truncated and fake image skipped
-    for kind in ("truncated", "unreadable or corrupt images", "out-of-range rows", "empty label files",
-                 "without a label file", "unreadable label files"):
+    for kind in (
+        "truncated",
+        "unreadable or corrupt images",
+        "out-of-range rows",
+        "empty label files",
+        "without a label file",
+        "unreadable label files",
+    ):
         assert kind in summary, kind
     assert "notes.jpg" in summary
     bad_rows = [lab for p, lab in zip(ds.images, ds.labels) if p.name.startswith(messy_dataset.name)]

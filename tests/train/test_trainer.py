@@ -12,8 +12,17 @@ import pytest
 
 from train.trainer import TrainConfig, Trainer
 
-LIGHT = {"mosaic": 0.0, "mixup": 0.0, "scale": 0.2, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "fliplr": 0.0,
-         "warmup_epochs": 0.0, "lr0": 0.01}
+LIGHT = {
+    "mosaic": 0.0,
+    "mixup": 0.0,
+    "scale": 0.2,
+    "hsv_h": 0.0,
+    "hsv_s": 0.0,
+    "hsv_v": 0.0,
+    "fliplr": 0.0,
+    "warmup_epochs": 0.0,
+    "lr0": 0.01,
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +36,28 @@ def subset(coco128, tmp_path_factory) -> Path:
         lab = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
         if lab.exists():
             shutil.copy(lab, root / "labels" / lab.name)
-    (root / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [" +
-                                    ", ".join(f"c{i}" for i in range(80)) + "]\n")
+    (root / "data.yaml").write_text(
+        "path: .\ntrain: images\nval: images\nnames: [" + ", ".join(f"c{i}" for i in range(80)) + "]\n"
+    )
     return root / "data.yaml"
 
 
 def _cfg(data, tmp, **kw) -> TrainConfig:
-    base = dict(data=str(data), cfg="gelan-t", img=128, batch=8, nbs=8, workers=0, amp="off", device="cpu",
-                project=str(tmp), close_mosaic=0, val=False, hyp=LIGHT, seed=0)
+    base = dict(
+        data=str(data),
+        cfg="gelan-t",
+        img=128,
+        batch=8,
+        nbs=8,
+        workers=0,
+        amp="off",
+        device="cpu",
+        project=str(tmp),
+        close_mosaic=0,
+        val=False,
+        hyp=LIGHT,
+        seed=0,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -49,8 +72,15 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     total = [r["box"] + r["cls"] + r["dfl"] for r in rows]
     assert total[-1] < 0.85 * total[0], total
     run = Path(summary["run_dir"])
-    for f in ("weights/last.pt", "weights/best.pt", "results.csv", "results.png", "args.yaml",
-              "data_problems.txt", "val_per_class.txt"):
+    for f in (
+        "weights/last.pt",
+        "weights/best.pt",
+        "results.csv",
+        "results.png",
+        "args.yaml",
+        "data_problems.txt",
+        "val_per_class.txt",
+    ):
         assert (run / f).exists(), f
     assert "map" in rows[-1] and 0.0 <= rows[-1]["map"] <= 1.0
     assert summary["skipped_steps"] == 0
@@ -69,8 +99,9 @@ def test_resume_continues_exactly(subset, tmp_path):
 
 def test_resume_during_warmup(subset, tmp_path):
     """Warm-up writes LR and momentum into the optimizer state; the checkpoint must stay weights_only-readable."""
-    part = Trainer(_cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1,
-                        hyp={**LIGHT, "warmup_epochs": 3.0})).fit()
+    part = Trainer(
+        _cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1, hyp={**LIGHT, "warmup_epochs": 3.0})
+    ).fit()
     resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
     assert [r["epoch"] for r in _rows(resumed["run_dir"])] == [0, 1]
 
@@ -83,7 +114,8 @@ def test_fine_tune_from_official_weights_with_new_classes(subset, interop, tmp_p
 
 
 def test_train_cli_help_explains_every_flag():
-    out = subprocess.run([sys.executable, "-m", "train.cli", "train", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "train.cli", "train", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for flag in ("--data", "--cfg", "--amp", "--cache", "--close-mosaic", "--resume", "--nbs", "--batch"):
         assert flag in out

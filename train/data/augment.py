@@ -48,7 +48,7 @@ def letterbox_np(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[i
     if (nh, nw) != img.shape[:2]:
         img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
     out = np.full((size, size, 3), PAD, np.uint8)
-    out[top:top + nh, left:left + nw] = img
+    out[top : top + nh, left : left + nw] = img
     return out, r, (left, top)
 
 

@@ -51,8 +51,17 @@ def read_resized(path: Path, size: int, augment: bool) -> np.ndarray:
 
 
 class DetectionDataset(Dataset):
-    def __init__(self, index: DatasetIndex, img_size: int = 640, augment: bool = False, hyp: A.Hyp | None = None,
-                 cache: str | None = None, seed: int = 0, workers: int = 8, desc: str = "data"):
+    def __init__(
+        self,
+        index: DatasetIndex,
+        img_size: int = 640,
+        augment: bool = False,
+        hyp: A.Hyp | None = None,
+        cache: str | None = None,
+        seed: int = 0,
+        workers: int = 8,
+        desc: str = "data",
+    ):
         keep = []
         for i, p in enumerate(tqdm(index.images, desc=f"{desc}: checking images", leave=False)):
             reason = check_image(p)
@@ -91,8 +100,10 @@ class DetectionDataset(Dataset):
         need = float(np.mean(sample)) * len(self)
         avail = psutil.virtual_memory().available
         if need * 1.3 > avail:
-            raise MemoryError(f"{desc}: --cache ram needs about {need / 2**30:.1f} GiB but only {avail / 2**30:.1f} "
-                              f"GiB is free; use --cache disk or no cache")
+            raise MemoryError(
+                f"{desc}: --cache ram needs about {need / 2**30:.1f} GiB but only {avail / 2**30:.1f} "
+                f"GiB is free; use --cache disk or no cache"
+            )
         with ThreadPoolExecutor(max(1, workers)) as pool:
             it = pool.map(lambda p: read_resized(p, self.img_size, self.augment), self.images)
             self.ram = list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
@@ -163,7 +174,7 @@ def collate(batch):
     n = max((len(lab) for lab in labs), default=0)
     padded = torch.zeros(len(labs), n, 5)
     for j, lab in enumerate(labs):
-        padded[j, :len(lab)] = lab
+        padded[j, : len(lab)] = lab
     return torch.stack(imgs), torch.cat(rows, 0), padded, torch.tensor(idx), list(shapes)
 
 
@@ -185,18 +196,34 @@ class EpochSampler(Sampler[int]):
         else:
             order = list(range(self.n))
         order += order[: self.per_rank * self.world - self.n]
-        return iter(order[self.rank::self.world])
+        return iter(order[self.rank :: self.world])
 
     def __len__(self) -> int:
         return self.per_rank
 
 
-def build_loader(ds: DetectionDataset, batch: int, workers: int, shuffle: bool, seed: int = 0, rank: int = 0,
-                 world: int = 1, pin: bool = False) -> DataLoader:
+def build_loader(
+    ds: DetectionDataset,
+    batch: int,
+    workers: int,
+    shuffle: bool,
+    seed: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    pin: bool = False,
+) -> DataLoader:
     sampler = EpochSampler(len(ds), shuffle, seed, rank, world)
-    return DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate,
-                      pin_memory=pin, persistent_workers=workers > 0, drop_last=False,
-                      prefetch_factor=4 if workers > 0 else None)
+    return DataLoader(
+        ds,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+        drop_last=False,
+        prefetch_factor=4 if workers > 0 else None,
+    )
 
 
 __all__ = ["DetectionDataset", "EpochSampler", "build_loader", "collate", "ImageError"]

@@ -14,8 +14,28 @@ import numpy as np
 import yaml
 
 IMG_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
-VOC_NAMES = ["aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
-             "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor"]
+VOC_NAMES = [
+    "aeroplane",
+    "bicycle",
+    "bird",
+    "boat",
+    "bottle",
+    "bus",
+    "car",
+    "cat",
+    "chair",
+    "cow",
+    "diningtable",
+    "dog",
+    "horse",
+    "motorbike",
+    "person",
+    "pottedplant",
+    "sheep",
+    "sofa",
+    "train",
+    "tvmonitor",
+]
 
 
 @dataclass
@@ -58,8 +78,15 @@ def _check_labels(lab: np.ndarray, nc: int, name: str, problems: Problems) -> np
         problems.add("label files with out-of-range rows (rows dropped)", name)
     lab = lab[ok]
     xyxy = np.clip(np.stack((x1[ok], y1[ok], x2[ok], y2[ok]), 1), 0, 1)
-    lab[:, 1:] = np.stack(((xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2,
-                           xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]), 1)
+    lab[:, 1:] = np.stack(
+        (
+            (xyxy[:, 0] + xyxy[:, 2]) / 2,
+            (xyxy[:, 1] + xyxy[:, 3]) / 2,
+            xyxy[:, 2] - xyxy[:, 0],
+            xyxy[:, 3] - xyxy[:, 1],
+        ),
+        1,
+    )
     return lab
 
 
@@ -90,8 +117,11 @@ def _list_images(src: Path) -> list[Path]:
     if src.is_dir():
         return sorted(p for p in src.rglob("*") if p.suffix.lower() in IMG_SUFFIXES)
     if src.suffix == ".txt":  # a list of image paths
-        return [Path(line.strip()) if Path(line.strip()).is_absolute() else src.parent / line.strip()
-                for line in src.read_text().splitlines() if line.strip()]
+        return [
+            Path(line.strip()) if Path(line.strip()).is_absolute() else src.parent / line.strip()
+            for line in src.read_text().splitlines()
+            if line.strip()
+        ]
     raise FileNotFoundError(f"{src}: not an image folder or list")
 
 
@@ -124,8 +154,18 @@ def load_coco(ann_file: Path, images_dir: Path | None = None) -> DatasetIndex:
     cat_index = {c["id"]: i for i, c in enumerate(cats)}
     if images_dir is None:  # .../annotations/instances_val2017.json -> .../val2017
         stem = ann_file.stem.split("_", 1)[-1]
-        images_dir = next((p for p in (ann_file.parent.parent / stem, ann_file.parent / stem,
-                                       ann_file.parent.parent / "images" / stem) if p.is_dir()), ann_file.parent)
+        images_dir = next(
+            (
+                p
+                for p in (
+                    ann_file.parent.parent / stem,
+                    ann_file.parent / stem,
+                    ann_file.parent.parent / "images" / stem,
+                )
+                if p.is_dir()
+            ),
+            ann_file.parent,
+        )
     per_image = defaultdict(list)
     for a in d["annotations"]:
         if not a.get("iscrowd", 0):
@@ -154,8 +194,11 @@ def load_voc(root: Path, split: str = "train", names: list[str] | None = None) -
     names = names or VOC_NAMES
     problems = Problems()
     ids_file = root / "ImageSets" / "Main" / f"{split}.txt"
-    xmls = ([root / "Annotations" / f"{i.strip()}.xml" for i in ids_file.read_text().split()]
-            if ids_file.exists() else sorted((root / "Annotations").glob("*.xml")))
+    xmls = (
+        [root / "Annotations" / f"{i.strip()}.xml" for i in ids_file.read_text().split()]
+        if ids_file.exists()
+        else sorted((root / "Annotations").glob("*.xml"))
+    )
     images, labels = [], []
     for x in xmls:
         try:
@@ -190,8 +233,10 @@ def resolve_data(data: str | Path) -> dict:
                 p = root / str(data)
                 break
         else:
-            raise FileNotFoundError(f"dataset '{data}' not found (looked in {', '.join(map(str, dataset_roots()))}; "
-                                    f"set YOLOV9_DATASETS or pass a dataset YAML)")
+            raise FileNotFoundError(
+                f"dataset '{data}' not found (looked in {', '.join(map(str, dataset_roots()))}; "
+                f"set YOLOV9_DATASETS or pass a dataset YAML)"
+            )
     if p.suffix == ".json":
         return {"format": "coco", "train": p, "val": p, "root": p.parent}
     if p.is_dir():
@@ -223,8 +268,11 @@ def load_split(spec: dict, split: str) -> DatasetIndex:
     if fmt == "coco":
         return load_coco(Path(spec[split]), Path(spec[f"{split}_images"]) if f"{split}_images" in spec else None)
     if fmt == "voc":
-        return load_voc(Path(spec[split]), spec.get(f"{split}_split", split),
-                        _names_list(spec["names"]) if spec.get("names") else None)
+        return load_voc(
+            Path(spec[split]),
+            spec.get(f"{split}_split", split),
+            _names_list(spec["names"]) if spec.get("names") else None,
+        )
     names = spec.get("names")
     if names is None:
         from train.data.coco_names import COCO_NAMES
