@@ -59,8 +59,7 @@ def bench_train(args) -> list[dict]:
         monitor = GpuMonitor(dev)
         sampler = _UtilSampler(monitor)
         total = args.warmup + args.steps
-        step, wait, t0, it = 0, 0.0, None, iter(loader)
-        epoch = 0
+        step, wait, t0, it = 0, 0.0, None, iter(loader)  # continuous loader: no per-epoch refill
         while step < total:
             if step == args.warmup and t0 is None:
                 if dev.type == "cuda":
@@ -68,14 +67,7 @@ def bench_train(args) -> list[dict]:
                 t0, wait = time.perf_counter(), 0.0
                 sampler.start()
             tw = time.perf_counter()
-            try:
-                imgs, _, targets, _, _ = next(it)
-            except StopIteration:
-                epoch += 1
-                loader.sampler.set_epoch(epoch)
-                ds.set_epoch(epoch)
-                it = iter(loader)
-                continue
+            imgs, _, targets, _, _ = next(it)
             wait += time.perf_counter() - tw
             x = imgs.to(dev, non_blocking=True)
             if dev.type == "cuda":

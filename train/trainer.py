@@ -259,7 +259,8 @@ class Trainer:
             print(f"resuming from epoch {start_epoch} of {cfg.epochs}")
 
         pin = dev.type == "cuda"
-        loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin)
+        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
+        loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin, start_epoch=start_epoch)
         val_loader = build_loader(self.val_ds, batch * 2, cfg.workers, False, pin=pin) if self.val_ds else None
         nb = len(loader)
         nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
@@ -271,17 +272,14 @@ class Trainer:
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, start_epoch + cfg.stop_after)
         epoch = start_epoch
         summary = {}
+        it = iter(loader)  # one iterator for the whole run: workers prefetch across epoch boundaries
         while epoch < end_epoch:
             model.train()
-            mosaic_on = epoch < cfg.epochs - cfg.close_mosaic
-            self.train_ds.set_mosaic(mosaic_on)
-            self.train_ds.set_epoch(epoch)
-            loader.sampler.set_epoch(epoch)
+            mosaic_on = epoch < self.train_ds.mosaic_until
             mloss = torch.zeros(3, device=dev)
             optimizer.zero_grad(set_to_none=True)
             t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
             pbar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True)
-            it = iter(loader)
             try:
                 for i in range(nb):
                     t0 = time.perf_counter()
@@ -337,8 +335,9 @@ class Trainer:
                     raise
                 batch //= 2
                 tqdm.write(f"warning: CUDA out of memory; batch halved to {batch}, restarting epoch {epoch + 1}")
-                loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin)
+                loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin, start_epoch=epoch)
                 nb = len(loader)
+                it = iter(loader)
                 continue
             pbar.close()
             scheduler.step()

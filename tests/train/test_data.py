@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from train.data.dataset import DetectionDataset, EpochSampler, build_loader
+from train.data.dataset import DetectionDataset, EpochBatchSampler, build_loader
 from train.data.formats import load_split, resolve_data
 
 
@@ -111,24 +111,22 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     assert "notes.jpg" in summary
     bad_rows = [lab for p, lab in zip(ds.images, ds.labels) if p.name.startswith(messy_dataset.name)]
     assert all(len(lab) <= 1 for lab in bad_rows)
-    loader = build_loader(ds, 4, 0, True)
+    loader = build_loader(ds, 4, 0, True, epochs=1)
     seen = sum(b[0].shape[0] for b in loader)
     assert seen == 5
 
 
 def test_augmented_samples_are_deterministic_per_epoch(coco128):
     ds = DetectionDataset(load_split(resolve_data(coco128), "train"), 160, augment=True)
-    ds.set_epoch(3)
-    a, la, _, _ = ds[7]
-    b, lb, _, _ = ds[7]
-    ds.set_epoch(4)
-    c, _, _, _ = ds[7]
+    a, la, _, _ = ds[(3, 7)]
+    b, lb, _, _ = ds[(3, 7)]
+    c, _, _, _ = ds[(4, 7)]
     assert torch.equal(a, b) and torch.equal(la, lb) and not torch.equal(a, c)
     assert a.shape == (3, 160, 160) and a.dtype == torch.uint8
     assert (la[:, 1:] >= 0).all() and (la[:, 1:] <= 1).all()
-    ds.set_mosaic(False)
-    d, _, _, _ = ds[7]
-    assert d.shape == (3, 160, 160)
+    ds.mosaic_until = 3  # close-mosaic: from epoch 3 on, single images
+    d, _, _, _ = ds[(3, 7)]
+    assert d.shape == (3, 160, 160) and not torch.equal(a, d)
 
 
 def test_cache_modes_give_identical_samples(coco128, tmp_path, monkeypatch):
@@ -142,15 +140,29 @@ def test_cache_modes_give_identical_samples(coco128, tmp_path, monkeypatch):
         assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
 
 
-def test_sampler_splits_epochs_across_ranks():
+def test_batch_sampler_runs_epochs_back_to_back_and_splits_ranks():
     parts = []
     for rank in range(3):
-        s = EpochSampler(10, shuffle=True, seed=1, rank=rank, world=3)
-        s.set_epoch(2)
-        parts.append(list(s))
+        s = EpochBatchSampler(10, 3, shuffle=True, seed=1, rank=rank, world=3, start_epoch=2, epochs=4)
+        batches = list(s)
+        assert len(s) == 2 and [len(b) for b in batches] == [3, 1, 3, 1]  # a batch never spans two epochs
+        assert [b[0][0] for b in batches] == [2, 2, 3, 3]
+        parts.append([i for b in batches[:2] for _, i in b])
     flat = sorted(x for p in parts for x in p)
-    assert all(len(p) == 4 for p in parts) and set(flat) == set(range(10)) and len(flat) == 12
-    s = EpochSampler(10, shuffle=True, seed=1)
-    s.set_epoch(3)
-    assert list(s) != parts[0] and sorted(s) == list(range(10))
-    np.testing.assert_array_equal(list(s), list(s))
+    assert set(flat) == set(range(10)) and len(flat) == 12
+    s = EpochBatchSampler(10, 4, seed=1)
+    first = [b for _, b in zip(range(6), s)]  # without `epochs` it never ends
+    assert [b[0][0] for b in first] == [0, 0, 0, 1, 1, 1]
+    assert sorted(i for b in first[:3] for _, i in b) == list(range(10))
+    assert [i for _, i in first[0]] != [i for _, i in first[3]]
+    np.testing.assert_array_equal(s.epoch_indices(5), s.epoch_indices(5))
+
+
+def test_loader_keys_carry_the_epoch(coco128):
+    ds = DetectionDataset(load_split(resolve_data(coco128), "train"), 96, augment=True)
+    ds.images, ds.labels = ds.images[:6], ds.labels[:6]
+    loader = build_loader(ds, 4, 2, True, start_epoch=5, epochs=7)
+    batches = list(loader)
+    assert len(batches) == 4 and [len(b[3]) for b in batches] == [4, 2, 4, 2]
+    direct = ds[(5, int(batches[0][3][0]))][0]
+    assert torch.equal(batches[0][0][0], direct)

@@ -1,10 +1,10 @@
-"""The detection dataset and its loader: decoding, RAM/disk cache, augmentation, a rank-aware epoch sampler
-and a collate that hands the GPU uint8 images and targets already padded per image (no host sync later)."""
+"""The detection dataset and its loader: decoding, RAM/disk cache, augmentation, a rank-aware (epoch, index)
+batch sampler, and a collate that hands the GPU uint8 images and targets padded per image (no host sync later)."""
 
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,22 +77,15 @@ class DetectionDataset(Dataset):
             raise FileNotFoundError(f"{desc}: no readable images")
         self.img_size, self.augment, self.hyp = img_size, augment, hyp or A.Hyp()
         self.seed = seed
-        # Shared with the loader's worker processes, so the trainer can switch them without restarting them.
-        self._epoch = mp.Value("i", 0, lock=False)
-        self._mosaic = mp.Value("b", 1 if augment and self.hyp.mosaic > 0 else 0, lock=False)
+        # Mosaic is on for epochs below this (the trainer sets it from --close-mosaic). Samples are keyed by
+        # (epoch, index), so a worker computes any epoch's sample without state shared with the trainer.
+        self.mosaic_until = 1 << 30
         self.cache_mode = cache
         self.ram: list[np.ndarray] | None = None
         if cache == "ram":
             self._cache_ram(workers, desc)
         elif cache == "disk":
             self._cache_disk(workers, desc)
-
-    # --- trainer controls -------------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch.value = epoch
-
-    def set_mosaic(self, on: bool) -> None:
-        self._mosaic.value = 1 if on and self.augment and self.hyp.mosaic > 0 else 0
 
     # --- caching ----------------------------------------------------------------------------------------
     def _cache_ram(self, workers: int, desc: str) -> None:
@@ -117,7 +110,7 @@ class DetectionDataset(Dataset):
             out = self._disk_path(p)
             if not out.exists():
                 out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_suffix(f".{mp.current_process().pid}.tmp.npy")
+                tmp = out.with_suffix(f".{os.getpid()}.tmp.npy")
                 np.save(tmp, read_resized(p, self.img_size, self.augment))
                 tmp.replace(out)
 
@@ -140,11 +133,14 @@ class DetectionDataset(Dataset):
         img, lab = A.mosaic4([self.load(j) for j in idx], [self.labels[j] for j in idx], self.img_size, rng)
         return A.random_affine(img, lab, self.hyp, rng, border=-self.img_size // 2)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, key: int | tuple[int, int]):
+        """key: an index (validation path), or (epoch, index) for an augmented training sample that is a pure
+        function of (seed, epoch, index)."""
+        epoch, i = key if isinstance(key, tuple) else (0, key)
         if not self.augment:
             return self._eval_item(i)
-        rng = np.random.default_rng([self.seed, self._epoch.value, i])
-        if self._mosaic.value and rng.random() < self.hyp.mosaic:
+        rng = np.random.default_rng([self.seed, epoch, i])
+        if epoch < self.mosaic_until and rng.random() < self.hyp.mosaic:
             img, lab = self._mosaic_sample(i, rng)
             if rng.random() < self.hyp.mixup:
                 img, lab = A.mixup(img, lab, *self._mosaic_sample(int(rng.integers(0, len(self))), rng), rng)
@@ -178,28 +174,47 @@ def collate(batch):
     return torch.stack(imgs), torch.cat(rows, 0), padded, torch.tensor(idx), list(shapes)
 
 
-class EpochSampler(Sampler[int]):
-    """Seeded per-epoch shuffle, split across ranks (each rank gets an equal share; the last wraps around)."""
+class EpochBatchSampler(Sampler[list]):
+    """Batches of (epoch, index) keys, epoch after epoch, from `start_epoch` until `epochs` (None: without end).
 
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, rank: int = 0, world: int = 1):
-        self.n, self.shuffle, self.seed, self.rank, self.world = n, shuffle, seed, rank, world
-        self.epoch = 0
+    One loader iterator spans the whole run, so workers keep prefetching across epoch boundaries instead of
+    draining and refilling every epoch (which dominates on small datasets). Each epoch is a seeded shuffle split
+    across ranks (equal shares; the last wraps around); a batch never spans two epochs, so len() is the number
+    of batches per epoch."""
+
+    def __init__(
+        self,
+        n: int,
+        batch: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        start_epoch: int = 0,
+        epochs: int | None = None,
+    ):
+        self.n, self.batch, self.shuffle, self.seed = n, batch, shuffle, seed
+        self.rank, self.world, self.start_epoch, self.epochs = rank, world, start_epoch, epochs
         self.per_rank = -(-n // world)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
+    def epoch_indices(self, epoch: int) -> list[int]:
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
         else:
             order = list(range(self.n))
         order += order[: self.per_rank * self.world - self.n]
-        return iter(order[self.rank :: self.world])
+        return order[self.rank :: self.world]
+
+    def __iter__(self):
+        epoch = self.start_epoch
+        while self.epochs is None or epoch < self.epochs:
+            idx = self.epoch_indices(epoch)
+            for k in range(0, len(idx), self.batch):
+                yield [(epoch, i) for i in idx[k : k + self.batch]]
+            epoch += 1
 
     def __len__(self) -> int:
-        return self.per_rank
+        return -(-self.per_rank // self.batch)
 
 
 def build_loader(
@@ -211,19 +226,21 @@ def build_loader(
     rank: int = 0,
     world: int = 1,
     pin: bool = False,
+    start_epoch: int = 0,
+    epochs: int | None = None,
 ) -> DataLoader:
-    sampler = EpochSampler(len(ds), shuffle, seed, rank, world)
-    return DataLoader(
-        ds,
-        batch_size=batch,
-        sampler=sampler,
+    """Augmenting datasets get the continuous (epoch, index) batch sampler; others a plain sequential loader."""
+    kw = dict(
         num_workers=workers,
         collate_fn=collate,
         pin_memory=pin,
         persistent_workers=workers > 0,
-        drop_last=False,
         prefetch_factor=4 if workers > 0 else None,
     )
+    if not ds.augment:
+        return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
+    sampler = EpochBatchSampler(len(ds), batch, shuffle, seed, rank, world, start_epoch, epochs)
+    return DataLoader(ds, batch_sampler=sampler, **kw)
 
 
-__all__ = ["DetectionDataset", "EpochSampler", "build_loader", "collate", "ImageError"]
+__all__ = ["DetectionDataset", "EpochBatchSampler", "build_loader", "collate", "ImageError"]
