@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from export.engine import load_engine
-from train.preprocess import ImageError, decode_image, postprocess, prepare_batch, to_input
+from train.preprocess import ImageError, decode_images, postprocess, prepare_batch, to_input
 
 
 @dataclass
@@ -34,24 +34,28 @@ class Detector:
 
     def __call__(self, requests: list[Request]) -> list[tuple[torch.Tensor, int] | ImageError]:
         """Per request: ((max_det, 6) x1, y1, x2, y2, score, class in original pixels, zero-padded; count) or the
-        error that request's image raised (other requests in the batch still succeed)."""
-        results: list = [None] * len(requests)
-        images, ok = [], []
-        for k, r in enumerate(requests):
-            try:
-                images.append(decode_image(r.data, self.device))
-                ok.append(k)
-            except ImageError as e:
-                results[k] = e
-        if images:
-            batch, metas = prepare_batch(images, self.engine.img_size, self.device)
-            pred = self.engine(to_input(batch, self.engine.dtype))
-            for j, k in enumerate(ok):
-                r = requests[k]
-                det = postprocess(
-                    pred[j : j + 1], metas[j : j + 1], r.conf, r.iou, min(r.max_det, self.max_det), r.classes
-                )[0]
+        error that request's image raised (other requests in the batch still succeed).
+
+        The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value."""
+        results: list = decode_images([r.data for r in requests], self.device)
+        ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
+        if not ok:
+            return results
+        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device)
+        pred = self.engine(to_input(batch, self.engine.dtype))
+        for iou in sorted({requests[k].iou for k in ok}):
+            rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
+            reqs = [requests[ok[j]] for j in rows]
+            dets = postprocess(
+                pred[rows],
+                [metas[j] for j in rows],
+                [r.conf for r in reqs],
+                iou,
+                [min(r.max_det, self.max_det) for r in reqs],
+                [r.classes for r in reqs],
+            )
+            for j, det in zip(rows, dets):
                 out = torch.zeros(self.max_det, 6, device=det.device, dtype=torch.float32)
                 out[: len(det)] = det.float()
-                results[k] = (out, len(det))
+                results[ok[j]] = (out, len(det))
         return results

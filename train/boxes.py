@@ -92,29 +92,39 @@ def scale_boxes_back(boxes: torch.Tensor, ratio: float | torch.Tensor, pad, orig
 
 def non_max_suppression(
     pred: torch.Tensor,
-    conf: float = 0.25,
+    conf: float | list[float] = 0.25,
     iou: float = 0.45,
-    max_det: int = 300,
-    classes: list[int] | None = None,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
     max_nms: int = 30000,
 ) -> list[torch.Tensor]:
     """Per-image detections (n, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions.
 
-    Each anchor contributes its best class (the deployment convention); torchvision's batched NMS does the
-    suppression per class."""
+    Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
+    suppresses per (image, class) for the whole batch. conf, max_det and classes may be given per image (the
+    server batches requests with different parameters)."""
     if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
         pred = pred[-1]
-    out = []
-    for p in pred.transpose(1, 2):  # (A, 4 + nc)
-        scores, cls = p[:, 4:].max(1)
-        if classes is not None:
-            keep_cls = torch.isin(cls, torch.as_tensor(classes, device=cls.device))
-            scores = torch.where(keep_cls, scores, torch.zeros_like(scores))
-        keep = scores > conf
-        boxes, scores, cls = xywh2xyxy(p[keep, :4]), scores[keep], cls[keep]
-        if scores.numel() > max_nms:
-            top = scores.topk(max_nms).indices
-            boxes, scores, cls = boxes[top], scores[top], cls[top]
-        idx = torchvision.ops.batched_nms(boxes.float(), scores.float(), cls, iou)[:max_det]
-        out.append(torch.cat((boxes[idx], scores[idx, None], cls[idx, None].to(boxes.dtype)), 1))
-    return out
+    b, nc = pred.shape[0], pred.shape[1] - 4
+    dev = pred.device
+    per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
+    per_max = max_det if isinstance(max_det, (list, tuple)) else [max_det] * b
+    scores, cls = pred[:, 4:].max(1)  # (B, A)
+    if classes is not None:
+        per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
+        allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
+        for i, c in enumerate(per_image):
+            if c is not None:
+                allow[i] = False
+                allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
+        scores = torch.where(allow.gather(1, cls), scores, torch.zeros_like(scores))
+    img, anchor = (scores > per_conf[:, None]).nonzero(as_tuple=True)
+    s, c = scores[img, anchor], cls[img, anchor]
+    if s.numel() > max_nms * b:
+        top = s.topk(max_nms * b).indices
+        img, anchor, s, c = img[top], anchor[top], s[top], c[top]
+    boxes = xywh2xyxy(pred[img, :4, anchor])
+    keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
+    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
+    owner = img[keep]
+    return [det[owner == i][: per_max[i]] for i in range(b)]

@@ -68,6 +68,39 @@ def decode_image(data: bytes | Path | str, device: str | torch.device = "cpu") -
     return img.to(device)
 
 
+def decode_images(blobs: list[bytes], device: str | torch.device = "cpu") -> list[torch.Tensor | ImageError]:
+    """Several encoded images at once; on CUDA all JPEGs go to nvJPEG in one batched call. A bad image yields
+    its ImageError in place, so the others still decode."""
+    out: list = [None] * len(blobs)
+    jpegs = []
+    for k, data in enumerate(blobs):
+        try:
+            image_size(data)
+        except ImageError as e:
+            out[k] = e
+            continue
+        if torch.device(device).type == "cuda" and data[:2] == b"\xff\xd8":
+            jpegs.append(k)
+        else:
+            out[k] = _decode_or_error(data, device)
+    if jpegs:
+        raws = [torch.frombuffer(bytearray(blobs[k]), dtype=torch.uint8) for k in jpegs]
+        try:
+            imgs = torchvision.io.decode_jpeg(raws, mode=torchvision.io.ImageReadMode.RGB, device=device)
+        except Exception:  # one bad JPEG fails the batched call: decode them one by one instead
+            imgs = [_decode_or_error(blobs[k], device) for k in jpegs]
+        for k, img in zip(jpegs, imgs):
+            out[k] = img
+    return out
+
+
+def _decode_or_error(data: bytes, device) -> torch.Tensor | ImageError:
+    try:
+        return decode_image(data, device)
+    except ImageError as e:
+        return e
+
+
 def letterbox(img: torch.Tensor, size: int, stride: int = 32, auto: bool = False):
     """uint8 (3, H, W) -> uint8 (3, S, S) resized with its aspect kept and padded with 114, plus the meta
     needed to map boxes back."""
@@ -94,10 +127,10 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
 def postprocess(
     pred: torch.Tensor,
     metas: list[LetterboxMeta],
-    conf: float = 0.25,
+    conf: float | list[float] = 0.25,
     iou: float = 0.45,
-    max_det: int = 300,
-    classes: list[int] | None = None,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
 ) -> list[torch.Tensor]:
     """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
     dets = non_max_suppression(pred, conf, iou, max_det, classes)
