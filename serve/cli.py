@@ -60,11 +60,19 @@ def _interrupt(signum, frame):
 def _wait_forever(*procs) -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the servers as cleanly as Ctrl-C does
     try:
-        while all(p.proc is not None and p.proc.poll() is None for p in procs):
+        while all(p.running() for p in procs):
             time.sleep(0.5)
         print("a server process exited; stopping")
     except KeyboardInterrupt:
         print("stopping")
+
+
+def _serve_until_stopped(server, message: str) -> None:
+    print(f"{message} (Ctrl-C stops)")
+    try:
+        _wait_forever(server)
+    finally:
+        server.stop()
 
 
 def _cmd_triton(args: argparse.Namespace) -> None:
@@ -79,11 +87,7 @@ def _cmd_triton(args: argparse.Namespace) -> None:
         log_file=args.log,
     )
     srv.start(args.timeout, model=args.name)
-    print(f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url} (Ctrl-C stops)")
-    try:
-        _wait_forever(srv)
-    finally:
-        srv.stop()
+    _serve_until_stopped(srv, f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url}")
 
 
 def _cmd_gateway(args: argparse.Namespace) -> None:
@@ -93,11 +97,7 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
         args.triton.split(","), args.host, args.port, args.workers, args.name, max_upload_bytes=args.max_upload_bytes
     )
     gw.start()
-    print(f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton} (Ctrl-C stops)")
-    try:
-        _wait_forever(gw)
-    finally:
-        gw.stop()
+    _serve_until_stopped(gw, f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton}")
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:

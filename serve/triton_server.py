@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from serve.processes import ManagedProcess
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,8 +71,11 @@ def find_server() -> tuple[Path, Path, dict]:
     return binary, backends, env
 
 
-class TritonServer:
+class TritonServer(ManagedProcess):
     """A tritonserver process on loopback; use as a context manager or call start()/stop()."""
+
+    stop_signal = signal.SIGINT  # Triton unloads its models and exits cleanly on SIGINT
+    stop_timeout = 20.0
 
     def __init__(
         self,
@@ -82,10 +87,10 @@ class TritonServer:
         log_file: str | Path | None = None,
         extra_args: list[str] | None = None,
     ):
+        super().__init__()
         self.repo, self.host = Path(repo).resolve(), host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_file, self.extra_args = log_file, extra_args or []
-        self.proc: subprocess.Popen | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -147,25 +152,3 @@ class TritonServer:
         raise TritonError(
             f"tritonserver not ready after {timeout:.0f} s" + (f"; see {self.log_file}" if self.log_file else "")
         )
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGINT)  # Triton shuts down cleanly on SIGINT/SIGTERM
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def kill(self) -> None:
-        """Hard stop (tests: Triton dies under the gateway)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def __enter__(self) -> TritonServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -138,7 +138,17 @@ class RepNCSP(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
-class RepNCSPELAN4(nn.Module):
+class _ELAN(nn.Module):
+    """Split cv1's output in two, chain cv2 and cv3 on the second half, concatenate all four, fuse with cv4."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        y.append(self.cv2(y[-1]))
+        y.append(self.cv3(y[-1]))
+        return self.cv4(torch.cat(y, 1))
+
+
+class RepNCSPELAN4(_ELAN):
     def __init__(self, c1: int, c2: int, c3: int, c4: int, c5: int = 1):
         super().__init__()
         self.cv1 = Conv(c1, c3, 1, 1)
@@ -146,26 +156,14 @@ class RepNCSPELAN4(nn.Module):
         self.cv3 = nn.Sequential(RepNCSP(c4, c4, c5), Conv(c4, c4, 3, 1))
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = list(self.cv1(x).chunk(2, 1))
-        y.append(self.cv2(y[-1]))
-        y.append(self.cv3(y[-1]))
-        return self.cv4(torch.cat(y, 1))
 
-
-class ELAN1(nn.Module):
+class ELAN1(_ELAN):
     def __init__(self, c1: int, c2: int, c3: int, c4: int):
         super().__init__()
         self.cv1 = Conv(c1, c3, 1, 1)
         self.cv2 = Conv(c3 // 2, c4, 3, 1)
         self.cv3 = Conv(c4, c4, 3, 1)
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = list(self.cv1(x).chunk(2, 1))
-        y.append(self.cv2(y[-1]))
-        y.append(self.cv3(y[-1]))
-        return self.cv4(torch.cat(y, 1))
 
 
 class SP(nn.Module):

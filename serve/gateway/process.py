@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -11,10 +10,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from serve.processes import ManagedProcess
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class GatewayProcess:
+class GatewayProcess(ManagedProcess):
     def __init__(
         self,
         triton_urls: list[str],
@@ -28,6 +29,7 @@ class GatewayProcess:
         max_in_flight: int | None = None,
         log_file: str | Path | None = None,
     ):
+        super().__init__()
         self.host, self.port, self.workers = host, port, workers
         self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls), "YOLOV9_MODEL": model}
         for key, value in (
@@ -42,7 +44,6 @@ class GatewayProcess:
             self.env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="yolov9-prom-")
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
         self.log_file = log_file
-        self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -80,19 +81,3 @@ class GatewayProcess:
                 time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"gateway not answering after {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def __enter__(self) -> GatewayProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

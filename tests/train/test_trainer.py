@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,20 +26,12 @@ LIGHT = {
 
 
 @pytest.fixture(scope="module")
-def subset(coco128, tmp_path_factory) -> Path:
-    """16 coco128 images as a YOLO dataset with a YAML."""
-    root = tmp_path_factory.mktemp("sub")
-    (root / "images").mkdir()
-    (root / "labels").mkdir()
-    for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:16]:
-        shutil.copy(img, root / "images" / img.name)
-        lab = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
-        if lab.exists():
-            shutil.copy(lab, root / "labels" / lab.name)
-    (root / "data.yaml").write_text(
-        "path: .\ntrain: images\nval: images\nnames: [" + ", ".join(f"c{i}" for i in range(80)) + "]\n"
-    )
-    return root / "data.yaml"
+def subset(tiny_subset) -> Path:
+    """The shared 16-image coco128 subset, through a dataset YAML with names of its own."""
+    yaml_path = tiny_subset / "data.yaml"
+    names = ", ".join(f"c{i}" for i in range(80))
+    yaml_path.write_text(f"path: .\ntrain: images\nval: images\nnames: [{names}]\n")
+    return yaml_path
 
 
 def _cfg(data, tmp, **kw) -> TrainConfig:
