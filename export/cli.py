@@ -100,11 +100,11 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from export.engine import load_engine
+    from export.engine import engine_spec, load_engine
     from train.draw import draw_detections
     from train.preprocess import ImageError, decode_image, detections_to_json, postprocess, prepare_batch, to_input
 
-    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img)
+    engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img)
     sources = [Path(s) for s in (args.source or [SAMPLES])]
     files = [
         f
@@ -171,7 +171,11 @@ def register(sub, bench) -> None:
     )
     s.add_argument("weights", nargs="?", default="yolov9-s", help="checkpoint, zoo name or engine file")
     s.add_argument("source", nargs="*", help="image files or folders (default: the shipped sample images)")
-    s.add_argument("--engine", default=None, help="engine file or auto:WEIGHTS (fastest available)")
+    s.add_argument(
+        "--engine",
+        default=None,
+        help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
+    )
     s.add_argument("--img", type=int, default=640, help="inference size")
     s.add_argument("--conf", type=float, default=0.25, help="score threshold")
     s.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")

@@ -132,6 +132,18 @@ def load_engine(spec: str | Path, device: str = "auto", half: bool | None = None
     return TorchEngine(model, dev, half=dev.type == "cuda" if half is None else half, img_size=img_size)
 
 
+def engine_spec(engine: str | None, weights: str | None) -> str:
+    """The --engine / WEIGHTS pair of val and predict as one load_engine() spec ('auto' picks the fastest)."""
+    if engine == "auto":
+        if not weights:
+            raise ValueError("--engine auto needs WEIGHTS to look for exported engines beside")
+        return f"auto:{weights}"
+    spec = engine or weights
+    if not spec:
+        raise ValueError("give WEIGHTS or --engine")
+    return spec
+
+
 def pick_fastest(weights: Path, dev: torch.device) -> str:
     cuda = dev.type == "cuda"
     candidates = []

@@ -91,12 +91,12 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _val(args: argparse.Namespace) -> None:
-    from export.engine import load_engine
+    from export.engine import engine_spec, load_engine
     from train.data.dataset import DetectionDataset, build_loader
     from train.data.formats import load_split, resolve_data
     from train.validate import evaluate, format_table
 
-    engine = load_engine(args.engine or args.weights, device=args.device, img_size=args.img, half=args.half)
+    engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img, half=args.half)
     ds = DetectionDataset(load_split(resolve_data(args.data), args.split), args.img, augment=False, desc="val")
     res = evaluate(
         engine,
@@ -172,7 +172,11 @@ def register(sub, bench) -> None:
         description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.",
     )
     s.add_argument("weights", nargs="?", default=None, help="checkpoint, zoo name, or engine file")
-    s.add_argument("--engine", default=None, help="engine file (.onnx, .pt2, .plan) or auto:WEIGHTS; overrides weights")
+    s.add_argument(
+        "--engine",
+        default=None,
+        help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
+    )
     s.add_argument("--data", default="coco128", help="dataset (see `yolov9 train --help`)")
     s.add_argument("--split", default="val", choices=["train", "val"], help="dataset split")
     s.add_argument("--img", type=int, default=640, help="image size")
