@@ -134,7 +134,8 @@ def _cmd_serve(args: argparse.Namespace) -> None:
             )
             with urllib.request.urlopen(req, timeout=60) as r:
                 body = json.loads(r.read())
-            print(f"POST /v1/detect {sample.name} -> {len(body['detections'])} detections in {body['latency_ms']} ms")
+            n = len(body["detections"])
+            print(f"POST /v1/detect?conf={args.conf} {sample.name} -> {n} detections in {body['latency_ms']} ms")
             print(json.dumps(body["detections"][:10], indent=1))
             return body
         else:
