@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -180,3 +181,43 @@ def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco128
     got = TensorRTEngine(plan)(x.cuda()).cpu()
     ref = OnnxEngine(onnx_path)(x)
     assert rel_l2(got, ref) < 5e-3
+
+
+def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_path, coco128):
+    import json
+
+    from PIL import Image
+
+    imgs = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:2]
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.cli",
+            "predict",
+            str(trained_tiny),
+            *map(str, imgs),
+            str(bad),
+            "--img",
+            "160",
+            "--conf",
+            "0.05",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "pred"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    rows = [json.loads(x) for x in out if x.startswith("{")]
+    assert [Path(r["image"]).name for r in rows] == [imgs[0].name, imgs[1].name, "broken.jpg"]
+    assert rows[0]["detections"] and "error" in rows[2]
+    w, h = Image.open(imgs[0]).size
+    assert all(
+        0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h for d in rows[0]["detections"]
+    )
+    assert Image.open(tmp_path / "pred" / imgs[0].name).size == (w, h)
