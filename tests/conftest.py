@@ -60,38 +60,50 @@ def tiny_subset(coco128, tmp_path_factory) -> Path:
     return root
 
 
+# Augmentation off and a higher LR: tiny CPU runs that overfit 16 images quickly and deterministically.
+LIGHT_HYP = {
+    "mosaic": 0.0,
+    "mixup": 0.0,
+    "scale": 0.0,
+    "translate": 0.0,
+    "hsv_h": 0.0,
+    "hsv_s": 0.0,
+    "hsv_v": 0.0,
+    "fliplr": 0.0,
+    "warmup_epochs": 0.0,
+    "lr0": 0.02,
+}
+
+
+def tiny_train_config(data, project, **kw):
+    """A gelan-t CPU training config for tests; keywords override."""
+    from train.trainer import TrainConfig
+
+    base = dict(
+        data=str(data),
+        cfg="gelan-t",
+        img=128,
+        batch=8,
+        nbs=8,
+        workers=0,
+        amp="off",
+        device="cpu",
+        project=str(project),
+        close_mosaic=0,
+        val=False,
+        hyp=LIGHT_HYP,
+        seed=0,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
 @pytest.fixture(scope="session")
 def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
     """gelan-t overfitted on 16 images at 160 px (about a minute on 2 cores): a model whose detections and mAP
     mean something, so export and serving comparisons cannot pass by all being empty."""
-    from train.trainer import TrainConfig, Trainer
+    from train.trainer import Trainer
 
-    light = {
-        "mosaic": 0.0,
-        "mixup": 0.0,
-        "scale": 0.2,
-        "hsv_h": 0.0,
-        "hsv_s": 0.0,
-        "hsv_v": 0.0,
-        "fliplr": 0.0,
-        "warmup_epochs": 0.0,
-        "lr0": 0.01,
-    }
-    cfg = TrainConfig(
-        data=str(tiny_subset),
-        cfg="gelan-t",
-        img=160,
-        epochs=40,
-        batch=4,
-        nbs=4,
-        workers=0,
-        amp="off",
-        device="cpu",
-        project=str(tmp_path_factory.mktemp("runs")),
-        name="tiny",
-        close_mosaic=0,
-        val=False,
-        hyp=light,
+    cfg = tiny_train_config(
+        tiny_subset, tmp_path_factory.mktemp("runs"), img=160, epochs=40, batch=4, nbs=4, name="tiny"
     )
-    run = Trainer(cfg).fit()["run_dir"]
-    return Path(run) / "weights" / "best.pt"
+    return Path(Trainer(cfg).fit()["run_dir"]) / "weights" / "best.pt"

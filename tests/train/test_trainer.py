@@ -9,20 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LIGHT_HYP, tiny_train_config
 from train.trainer import TrainConfig, Trainer
-
-LIGHT = {
-    "mosaic": 0.0,
-    "mixup": 0.0,
-    "scale": 0.0,
-    "translate": 0.0,
-    "hsv_h": 0.0,
-    "hsv_s": 0.0,
-    "hsv_v": 0.0,
-    "fliplr": 0.0,
-    "warmup_epochs": 0.0,
-    "lr0": 0.02,
-}
 
 
 @pytest.fixture(scope="module")
@@ -35,23 +23,7 @@ def subset(tiny_subset) -> Path:
 
 
 def _cfg(data, tmp, **kw) -> TrainConfig:
-    base = dict(
-        data=str(data),
-        cfg="gelan-t",
-        img=128,
-        batch=8,
-        nbs=8,
-        workers=0,
-        amp="off",
-        device="cpu",
-        project=str(tmp),
-        close_mosaic=0,
-        val=False,
-        hyp=LIGHT,
-        seed=0,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_train_config(data, tmp, **kw)
 
 
 def _rows(run_dir) -> list[dict]:
@@ -92,7 +64,7 @@ def test_resume_continues_exactly(subset, tmp_path):
 def test_resume_during_warmup(subset, tmp_path):
     """Warm-up writes LR and momentum into the optimizer state; the checkpoint must stay weights_only-readable."""
     part = Trainer(
-        _cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1, hyp={**LIGHT, "warmup_epochs": 3.0})
+        _cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1, hyp={**LIGHT_HYP, "warmup_epochs": 3.0})
     ).fit()
     resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
     assert [r["epoch"] for r in _rows(resumed["run_dir"])] == [0, 1]
