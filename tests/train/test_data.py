@@ -166,3 +166,13 @@ def test_loader_keys_carry_the_epoch(coco128):
     assert len(batches) == 4 and [len(b[3]) for b in batches] == [4, 2, 4, 2]
     direct = ds[(5, int(batches[0][3][0]))][0]
     assert torch.equal(batches[0][0][0], direct)
+
+
+def test_decode_images_keeps_going_past_bad_ones(coco128):
+    from train.preprocess import ImageError, decode_images
+
+    good = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[0].read_bytes()
+    out = decode_images([good, b"junk" * 20, good[: len(good) // 4], good])
+    assert out[0].shape[0] == 3 and out[0].dtype == torch.uint8 and torch.equal(out[0], out[3])
+    assert isinstance(out[1], ImageError)
+    assert isinstance(out[2], ImageError)  # truncated: refused, not half-decoded

@@ -217,6 +217,12 @@ class EpochBatchSampler(Sampler[list]):
         return -(-self.per_rank // self.batch)
 
 
+def _worker_init(_: int) -> None:
+    """One thread per loader worker: N workers x (cv2 + torch thread pools) would oversubscribe the cores."""
+    cv2.setNumThreads(0)
+    torch.set_num_threads(1)
+
+
 def build_loader(
     ds: DetectionDataset,
     batch: int,
@@ -236,6 +242,7 @@ def build_loader(
         pin_memory=pin,
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
+        worker_init_fn=_worker_init if workers > 0 else None,
     )
     if not ds.augment:
         return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
