@@ -136,7 +136,7 @@ def build_repo(
     (model_dir / "config.pbtxt").write_text(config)
     if trt_variant:
         _write_trt_variant(
-            repo, name, engine, max_batch, preferred, queue_delay_us, instances, max_det, img_size, max_queue
+            repo, name, engine, max_batch, preferred, queue_delay_us, instances, max_det, img_size, max_queue, kind
         )
     return model_dir
 
@@ -152,8 +152,11 @@ def _write_trt_variant(
     max_det: int,
     img_size: int,
     max_queue: int,
+    kind: str = "gpu",
 ) -> None:
-    """Pre/post-processing stay in python models around the tensorrt_plan model, so the ensemble keeps the API."""
+    """Pre/post-processing stay in python models around the tensorrt_plan model, so the ensemble keeps the API.
+    The plan always runs on the GPU; `kind` places the python stages (cpu lets them be tested without one)."""
+    stage_kind = "KIND_GPU" if kind == "gpu" else "KIND_CPU"
     plan_dir = repo / f"{name}_plan" / "1"
     plan_dir.mkdir(parents=True, exist_ok=True)
     if engine.suffix == ".plan" and engine.exists():
@@ -186,7 +189,7 @@ def _write_trt_variant(
                 f'output [ {{ name: "images" data_type: TYPE_FP16 dims: [ 3, {img_size}, {img_size} ] }},',
                 '         { name: "META" data_type: TYPE_FP32 dims: [ 5 ] } ]',
                 _batching(preferred, queue_delay_us, max_queue),
-                "instance_group [ { count: 1 kind: KIND_GPU } ]",
+                f"instance_group [ {{ count: 1 kind: {stage_kind} }} ]",
                 _params({"img_size": img_size}),
                 "",
             ]
@@ -202,8 +205,8 @@ def _write_trt_variant(
                 '        { name: "META" data_type: TYPE_FP32 dims: [ 5 ] } ]',
                 f'output [ {{ name: "DETECTIONS" data_type: TYPE_FP32 dims: [ {max_det}, 6 ] }},',
                 '         { name: "NUM_DETS" data_type: TYPE_INT32 dims: [ 1 ] } ]',
-                "instance_group [ { count: 1 kind: KIND_GPU } ]",
-                _params({"max_det": max_det}),
+                f"instance_group [ {{ count: 1 kind: {stage_kind} }} ]",
+                _params({"max_det": max_det, "conf": 0.25, "iou": 0.45}),
                 "",
             ]
         )

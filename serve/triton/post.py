@@ -13,7 +13,10 @@ from train.preprocess import LetterboxMeta, postprocess
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
-        self.max_det = int(cfg["parameters"]["max_det"]["string_value"])
+        params = {k: v["string_value"] for k, v in cfg["parameters"].items()}
+        self.max_det = int(params["max_det"])
+        # the ensemble's API carries no thresholds: they are set in this model's config
+        self.conf, self.iou = float(params.get("conf", 0.25)), float(params.get("iou", 0.45))
 
     def execute(self, requests):
         out = []
@@ -21,7 +24,7 @@ class TritonPythonModel:
             raw = torch.from_dlpack(pb_utils.get_input_tensor_by_name(req, "output0").to_dlpack()).float()
             meta = torch.from_dlpack(pb_utils.get_input_tensor_by_name(req, "META").to_dlpack()).reshape(-1).tolist()
             m = LetterboxMeta((int(meta[0]), int(meta[1])), meta[2], (meta[3], meta[4]))
-            det = postprocess(raw, [m], max_det=self.max_det)[0]
+            det = postprocess(raw, [m], self.conf, self.iou, self.max_det)[0]
             dets = torch.zeros(1, self.max_det, 6, device=raw.device)
             dets[0, : len(det)] = det
             n = torch.tensor([[len(det)]], dtype=torch.int32, device=raw.device)

@@ -42,3 +42,66 @@ def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
 def test_queue_delay_bounds(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="0.1-2 ms"):
         build_repo(checkpoint, tmp_path, queue_delay_us=5000)
+
+
+def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_path, coco128):
+    """The NGC ensemble's python stages, served for real (the tensorrt_plan stage needs TensorRT, absent here):
+    pre -> local engine on its fp16 output -> post must give the python-backend model's detections."""
+    import numpy as np
+    import torch
+    import tritonclient.grpc as grpcclient
+
+    from export.engine import TorchEngine
+    from serve.detector import Detector, Request
+    from serve.triton_server import TritonServer, find_server
+    from tests.serve.conftest import free_port
+    from train import load_model
+
+    try:
+        find_server()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    build_repo(trained_tiny, tmp_path / "repo", "det", max_batch=8, kind="cpu", img_size=160, trt_variant=True)
+    post_cfg = tmp_path / "repo" / "det_post" / "config.pbtxt"
+    post_cfg.write_text(post_cfg.read_text().replace('"0.25"', '"0.05"'))  # thresholds live in the config
+    only_python = ["--model-control-mode=explicit", "--load-model=det_pre", "--load-model=det_post"]
+    srv = TritonServer(
+        tmp_path / "repo",
+        free_port(),
+        free_port(),
+        free_port(),
+        extra_args=only_python,
+        log_file=tmp_path / "triton.log",
+    )
+    with srv.start(timeout=180, model="det_post"):
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        engine = TorchEngine(load_model(trained_tiny), "cpu", img_size=160)
+        local = Detector(str(trained_tiny), device="cpu", img_size=160)
+        checked = 0
+        for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:4]:
+            data = np.frombuffer(img.read_bytes(), dtype=np.uint8)[None]
+            inp = grpcclient.InferInput("IMAGE", list(data.shape), "UINT8")
+            inp.set_data_from_numpy(data)
+            pre = client.infer("det_pre", [inp])
+            images, meta = pre.as_numpy("images"), pre.as_numpy("META")
+            assert images.shape == (1, 3, 160, 160) and images.dtype == np.float16 and meta.shape == (1, 5)
+            raw = engine(torch.from_numpy(images.astype(np.float32))).half().numpy()
+            ins = [
+                grpcclient.InferInput("output0", list(raw.shape), "FP16"),
+                grpcclient.InferInput("META", list(meta.shape), "FP32"),
+            ]
+            ins[0].set_data_from_numpy(raw)
+            ins[1].set_data_from_numpy(meta)
+            post = client.infer("det_post", ins)
+            n = int(post.as_numpy("NUM_DETS")[0, 0])
+            got = post.as_numpy("DETECTIONS")[0, :n]
+            ((want, m),) = local([Request(img.read_bytes(), conf=0.05, iou=0.45, max_det=100)])
+            want = want[:m].numpy()
+            # fp16 images and outputs move scores slightly: compare detections clear of the 0.05 threshold
+            for a, b in ((got, want), (want, got)):
+                for det in a[a[:, 4] > 0.06]:
+                    same = (b[:, 5] == det[5]) & (np.abs(b[:, :4] - det[:4]).max(1) < 2.0)
+                    assert same.any(), det
+            assert abs(n - m) <= max(1, m // 10)
+            checked += int((want[:, 4] > 0.06).sum())
+        assert checked > 0
