@@ -15,7 +15,7 @@ from train.data.formats import load_split, resolve_data
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
 from train.model import DetectionModel
-from train.trainer import build_optimizer, select_device
+from train.trainer import build_optimizer, forward_backward, select_device
 
 
 class _UtilSampler(threading.Thread):
@@ -69,14 +69,7 @@ def bench_train(args) -> list[dict]:
             tw = time.perf_counter()
             imgs, _, targets, _, _ = next(it)
             wait += time.perf_counter() - tw
-            x = imgs.to(dev, non_blocking=True)
-            if dev.type == "cuda":
-                x = x.contiguous(memory_format=torch.channels_last)
-            x = x.float().div_(255)
-            with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                preds = model(x)
-            loss, _ = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
-            scaler.scale(loss).backward()
+            forward_backward(model, imgs, targets, loss_fn, dtype, scaler)
             scaler.unscale_(opt)
             nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             scaler.step(opt)

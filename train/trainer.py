@@ -26,6 +26,7 @@ from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
 from train.model import DetectionModel, load_cfg
 from train.plots import plot_results
+from train.preprocess import to_input
 from train.validate import evaluate, format_table
 
 
@@ -90,6 +91,28 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
     opt.add_param_group({"params": weights, "weight_decay": decay})
     opt.add_param_group({"params": norms, "weight_decay": 0.0})
     return opt
+
+
+def forward_backward(
+    model: nn.Module,
+    imgs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: DetectionLoss,
+    amp_dtype: torch.dtype | None,
+    scaler: torch.amp.GradScaler,
+    channels_last: bool = True,
+):
+    """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward.
+    Shared by the trainer, `bench train` and --batch -1, so what is timed is what trains."""
+    dev = next(model.parameters()).device
+    x = imgs.to(dev, non_blocking=True)
+    if channels_last and dev.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        preds = model(to_input(x))
+    loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
+    scaler.scale(loss).backward()
+    return loss, items
 
 
 def lr_lambda(epochs: int, lrf: float, cosine: bool):
@@ -215,16 +238,16 @@ class Trainer:
             print("--batch -1: no GPU, using 16")
             return 16
         loss_fn = DetectionLoss.for_model(self.model)
+        no_scaling = torch.amp.GradScaler(self.device.type, enabled=False)
         used = []
         sizes = (4, 8)
         for b in sizes:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
-            x = torch.rand(b, 3, self.cfg.img, self.cfg.img, device=self.device)
-            t = torch.zeros(b, 1, 5, device=self.device)
-            with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=bool(self.amp_dtype)):
-                loss, _ = loss_fn(self.model(x), t, padded=True)
-            loss.backward()
+            imgs = torch.randint(0, 256, (b, 3, self.cfg.img, self.cfg.img), dtype=torch.uint8)
+            forward_backward(
+                self.model, imgs, torch.zeros(b, 1, 5), loss_fn, self.amp_dtype, no_scaling, self.cfg.channels_last
+            )
             self.model.zero_grad(set_to_none=True)
             used.append(torch.cuda.max_memory_allocated(self.device))
         per = (used[1] - used[0]) / (sizes[1] - sizes[0])
@@ -296,14 +319,9 @@ class Trainer:
                             )
                             if "momentum" in g:
                                 g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
-                    x = imgs.to(dev, non_blocking=True)
-                    if cfg.channels_last and dev.type == "cuda":
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    x = x.float().div_(255)
-                    with torch.autocast(dev.type, dtype=self.amp_dtype or torch.float32, enabled=bool(self.amp_dtype)):
-                        preds = model(x)
-                    loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
-                    scaler.scale(loss).backward()
+                    loss, items = forward_backward(
+                        model, imgs, targets, loss_fn, self.amp_dtype, scaler, cfg.channels_last
+                    )
                     mloss = (mloss * i + items) / (i + 1)
                     seen += imgs.shape[0]
                     if ni - last_opt_step >= accumulate:

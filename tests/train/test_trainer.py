@@ -83,3 +83,42 @@ def test_train_cli_help_explains_every_flag():
     ).stdout
     for flag in ("--data", "--cfg", "--amp", "--cache", "--close-mosaic", "--resume", "--nbs", "--batch"):
         assert flag in out
+
+
+def test_bench_train_reports_each_amp_mode(tmp_path):
+    out = tmp_path / "bench.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.cli",
+            "bench",
+            "train",
+            "--cfg",
+            "gelan-t",
+            "--img",
+            "96",
+            "--batch",
+            "4",
+            "--amp",
+            "off,bf16",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--workers",
+            "1",
+            "--cache",
+            "none",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    rows = json.loads(out.read_text())
+    assert [r["amp"] for r in rows] == ["off", "bf16"]
+    assert all(r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1 for r in rows)

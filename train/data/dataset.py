@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from train.data import augment as A
 from train.data.formats import DatasetIndex
+from train.loss import pad_targets
 from train.preprocess import ImageError, decode_image, letterbox
 
 
@@ -166,12 +167,8 @@ def collate(batch):
     """-> uint8 images (B, 3, S, S), target rows (N, 6) = image, class, xywh, padded targets (B, max n, 5), idx,
     and each image's (h, w) before letterboxing."""
     imgs, labs, idx, shapes = zip(*batch)
-    rows = [torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)]
-    n = max((len(lab) for lab in labs), default=0)
-    padded = torch.zeros(len(labs), n, 5)
-    for j, lab in enumerate(labs):
-        padded[j, : len(lab)] = lab
-    return torch.stack(imgs), torch.cat(rows, 0), padded, torch.tensor(idx), list(shapes)
+    rows = torch.cat([torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)], 0)
+    return torch.stack(imgs), rows, pad_targets(rows, len(labs)), torch.tensor(idx), list(shapes)
 
 
 class EpochBatchSampler(Sampler[list]):
