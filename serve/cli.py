@@ -29,6 +29,11 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", default="auto", choices=["auto", "gpu", "cpu"], help="instance kind")
     p.add_argument("--max-det", type=int, default=100, help="detections per image (fixed output size)")
     p.add_argument("--img", type=int, default=None, help="inference size (default: the engine's)")
+    p.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="GPU instances run the engine kernel by kernel instead of replaying one CUDA graph per batch bucket",
+    )
 
 
 def _build_repo(args: argparse.Namespace, engine: str) -> Path:
@@ -44,6 +49,7 @@ def _build_repo(args: argparse.Namespace, engine: str) -> Path:
         kind=args.kind,
         max_det=args.max_det,
         img_size=args.img,
+        cuda_graphs=not args.no_cuda_graphs,
         trt_variant=getattr(args, "trt_variant", False),
     )
 
@@ -167,7 +173,13 @@ def _loadtest(args: argparse.Namespace) -> None:
     run_loadtest(args)
 
 
-def register(sub) -> None:
+def _cmd_bench_detector(args: argparse.Namespace) -> None:
+    from serve.bench import bench_detector
+
+    bench_detector(args)
+
+
+def register(sub, bench) -> None:
     s = sub.add_parser(
         "serve",
         help="serve a model: Triton + FastAPI gateway (or one part: see subcommands)",
@@ -239,3 +251,21 @@ def register(sub) -> None:
     s.add_argument("--triton-metrics", default=None, help="Triton metrics URL to scrape (queue/compute time, batch)")
     s.add_argument("--out", default="loadtest.json", help="results JSON (CSV and PNG are written beside it)")
     s.set_defaults(func=_loadtest)
+
+    s = bench.add_parser(
+        "detector",
+        help="the serving computation per batch (decode, letterbox, engine, NMS) on real images, no server",
+        description="Runs what one Triton model instance runs for a batch of encoded images and reports "
+        "images/s per batch size and the share of time per stage.",
+    )
+    s.add_argument("engine", help="engine file (.pt2, .onnx, .plan), checkpoint or zoo name")
+    s.add_argument("--images", default=str(SAMPLES), help="folder of images (cycled to fill each batch)")
+    s.add_argument("--batches", default="1,8,32,64", help="comma list of batch sizes")
+    s.add_argument("--img", type=int, default=640, help="inference size")
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    s.add_argument("--conf", type=float, default=0.25, help="score threshold of the requests")
+    s.add_argument("--iters", type=int, default=20, help="timed batches per size")
+    s.add_argument("--warmup", type=int, default=3, help="untimed batches per size")
+    s.add_argument("--no-cuda-graphs", action="store_true", help="run the engine without CUDA-graph buckets")
+    s.add_argument("--out", default=None, help="write the rows as JSON here")
+    s.set_defaults(func=_cmd_bench_detector)

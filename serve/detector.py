@@ -4,11 +4,12 @@ Importable and tested on its own; serve/triton/model.py only adapts Triton's req
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
-from export.engine import load_engine
+from export.engine import CudaGraphEngine, load_engine
 from train.preprocess import ImageError, decode_images, postprocess, prepare_batch, to_input
 
 
@@ -21,28 +22,73 @@ class Request:
     classes: list[int] | None = None
 
 
+def graph_buckets(max_batch: int) -> list[int]:
+    """Batch sizes that get a CUDA graph: powers of two up to max_batch, and max_batch itself."""
+    sizes = {1 << k for k in range(max_batch.bit_length()) if 1 << k <= max_batch} | {max_batch}
+    return sorted(sizes)
+
+
 class Detector:
-    def __init__(self, engine_path: str, device: str = "auto", max_det: int = 100, img_size: int = 640):
+    """cuda_graphs: on a GPU, pad each batch up to the next bucket size and replay one captured CUDA graph per
+    bucket (small Triton batches are launch-bound otherwise); captured in warmup()."""
+
+    def __init__(
+        self,
+        engine_path: str,
+        device: str = "auto",
+        max_det: int = 100,
+        img_size: int = 640,
+        cuda_graphs: bool = True,
+        max_batch: int = 64,
+    ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
         self.device = self.engine.device
         self.max_det = max_det
         self.names = self.engine.names
+        self.buckets = graph_buckets(max_batch) if cuda_graphs and self.device.type == "cuda" else []
+        self.run = CudaGraphEngine(self.engine) if self.buckets else self.engine
 
-    def warmup(self, batch: int = 1) -> None:
-        x = torch.zeros(batch, 3, self.engine.img_size, self.engine.img_size, device=self.device)
-        self.engine(x.to(self.engine.dtype))
+    def warmup(self) -> None:
+        size = self.engine.img_size
+        for b in self.buckets or [1]:
+            try:
+                self.run(torch.zeros(b, 3, size, size, device=self.device, dtype=self.engine.dtype))
+            except RuntimeError as e:  # an engine that cannot be captured still serves, kernel by kernel
+                print(f"CUDA graph capture failed ({str(e).splitlines()[0]}); running without graphs", flush=True)
+                self.buckets, self.run = [], self.engine
+                self.engine(torch.zeros(1, 3, size, size, device=self.device, dtype=self.engine.dtype))
+                return
 
-    def __call__(self, requests: list[Request]) -> list[tuple[torch.Tensor, int] | ImageError]:
-        """Per request: ((max_det, 6) x1, y1, x2, y2, score, class in original pixels, zero-padded; count) or the
-        error that request's image raised (other requests in the batch still succeed).
+    def _infer(self, x: torch.Tensor) -> torch.Tensor:
+        n = len(x)
+        bucket = next((b for b in self.buckets if b >= n), None)
+        if bucket is None:  # no graphs, or a batch larger than the biggest bucket
+            return self.engine(x)
+        if bucket > n:
+            x = torch.cat((x, x.new_zeros((bucket - n, *x.shape[1:]))))
+        return self.run(x)[:n]
 
-        The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value."""
+    def __call__(
+        self, requests: list[Request], timings: dict[str, float] | None = None
+    ) -> list[tuple[torch.Tensor, int] | ImageError]:
+        """Per request: ((max_det, 6) x1, y1, x2, y2, score, class in original pixels, zero-padded, on the CPU;
+        count) or the error that request's image raised (other requests in the batch still succeed).
+
+        The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value.
+        `timings` (benchmarks only: it synchronises the GPU) accumulates seconds per stage."""
+        lap = _Stopwatch(timings, self.device)
         results: list = decode_images([r.data for r in requests], self.device)
+        lap("decode")
         ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
         if not ok:
             return results
         batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device)
-        pred = self.engine(to_input(batch, self.engine.dtype))
+        x = to_input(batch, self.engine.dtype)
+        lap("letterbox")
+        pred = self._infer(x)
+        lap("engine")
+        out = torch.zeros(len(ok), self.max_det, 6, device=self.device)
+        counts = [0] * len(ok)
         for iou in sorted({requests[k].iou for k in ok}):
             rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
             reqs = [requests[ok[j]] for j in rows]
@@ -55,7 +101,27 @@ class Detector:
                 [r.classes for r in reqs],
             )
             for j, det in zip(rows, dets):
-                out = torch.zeros(self.max_det, 6, device=det.device, dtype=torch.float32)
-                out[: len(det)] = det.float()
-                results[ok[j]] = (out, len(det))
+                out[j, : len(det)] = det
+                counts[j] = len(det)
+        out = out.cpu()  # one copy for the whole batch: responses leave through host memory anyway
+        for j, k in enumerate(ok):
+            results[k] = (out[j], counts[j])
+        lap("nms")
         return results
+
+
+class _Stopwatch:
+    """Adds the seconds since the previous lap to timings[stage]; does nothing (and never syncs) without timings."""
+
+    def __init__(self, timings: dict[str, float] | None, device: torch.device):
+        self.timings, self.cuda = timings, device.type == "cuda"
+        self.t = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.timings is None:
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
+        self.t = now

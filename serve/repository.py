@@ -80,6 +80,7 @@ def build_repo(
     max_queue: int = 1024,
     trt_variant: bool = False,
     copy_engine: bool = True,
+    cuda_graphs: bool = True,
 ) -> Path:
     """Write `repo/name` (and the TensorRT-backend variant if asked); returns the model folder."""
     if not 100 <= queue_delay_us <= 2000:
@@ -127,6 +128,7 @@ def build_repo(
                     "max_det": max_det,
                     "img_size": img_size,
                     "names": json.dumps(engine_names(engine)),
+                    "cuda_graphs": int(cuda_graphs),
                 }
             ),
             warm,

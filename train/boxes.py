@@ -79,15 +79,14 @@ def letterbox_params(h: int, w: int, size: int, stride: int = 32, auto: bool = F
     return r, (nh, nw), ((out_w - nw) // 2, (out_h - nh) // 2), (out_h, out_w)
 
 
-def scale_boxes_back(boxes: torch.Tensor, ratio: float | torch.Tensor, pad, orig_hw) -> torch.Tensor:
-    """Map xyxy boxes from letterboxed pixels to original-image pixels, clipped to the image."""
-    out = boxes.clone()
-    out[..., [0, 2]] -= pad[0]
-    out[..., [1, 3]] -= pad[1]
-    out[..., :4] /= ratio
-    out[..., [0, 2]] = out[..., [0, 2]].clamp(0, orig_hw[1])
-    out[..., [1, 3]] = out[..., [1, 3]].clamp(0, orig_hw[0])
-    return out
+def scale_boxes_back(boxes: torch.Tensor, ratio, pad, orig_hw) -> torch.Tensor:
+    """Map xyxy boxes from letterboxed pixels to original-image pixels, clipped to the image. ratio, pad (left,
+    top) and orig_hw (h, w) are one image's values, or per-box tensors (N,), (N, 2), (N, 2) for a whole batch."""
+    t = dict(dtype=boxes.dtype, device=boxes.device)
+    pad, hw, r = torch.as_tensor(pad, **t), torch.as_tensor(orig_hw, **t), torch.as_tensor(ratio, **t)
+    wh = hw.flip(-1)
+    out = ((boxes[..., :4] - torch.cat((pad, pad), -1)) / (r[..., None] if r.ndim else r)).clamp(min=0)
+    return torch.minimum(out, torch.cat((wh, wh), -1))
 
 
 def non_max_suppression(
@@ -103,12 +102,27 @@ def non_max_suppression(
     Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
     suppresses per (image, class) for the whole batch. conf, max_det and classes may be given per image (the
     server batches requests with different parameters)."""
+    det, _, counts = nms_flat(pred, conf, iou, max_det, classes, max_nms)
+    return list(det.split(counts))
+
+
+def nms_flat(
+    pred: torch.Tensor,
+    conf: float | list[float] = 0.25,
+    iou: float = 0.45,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
+    max_nms: int = 30000,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """non_max_suppression() for the whole batch at once: all detections (N, 6) grouped by image (score order
+    within each), the image of each row (N,), and the rows per image. Two host synchronisations per batch
+    besides the NMS kernel's own, however many images."""
     if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
         pred = pred[-1]
     b, nc = pred.shape[0], pred.shape[1] - 4
     dev = pred.device
     per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
-    per_max = max_det if isinstance(max_det, (list, tuple)) else [max_det] * b
+    per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
     scores, cls = pred[:, 4:].max(1)  # (B, A)
     if classes is not None:
         per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
@@ -125,6 +139,12 @@ def non_max_suppression(
         img, anchor, s, c = img[top], anchor[top], s[top], c[top]
     boxes = xywh2xyxy(pred[img, :4, anchor])
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
-    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
     owner = img[keep]
-    return [det[owner == i][: per_max[i]] for i in range(b)]
+    order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
+    keep, owner = keep[order], owner[order]
+    counts = torch.bincount(owner, minlength=b)
+    rank = torch.arange(len(owner), device=dev) - (counts.cumsum(0) - counts)[owner]
+    sel = (rank < per_max[owner]).nonzero().squeeze(1)
+    keep, owner = keep[sel], owner[sel]
+    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
+    return det, owner, torch.minimum(counts, per_max).tolist()

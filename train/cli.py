@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="yolov9", description="Train, export, serve and load-test YOLOv9 detectors.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    bench = sub.add_parser("bench", help="benchmarks (train step, inference engines)").add_subparsers(
+    bench = sub.add_parser("bench", help="benchmarks (train step, inference engines, serving pipeline)").add_subparsers(
         dest="bench", required=True, metavar="WHAT"
     )
     q = sub.add_parser(
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=_quickstart)
     train_commands.register(sub, bench)
     export_cli.register(sub, bench)
-    serve_cli.register(sub)
+    serve_cli.register(sub, bench)
     return p
 
 

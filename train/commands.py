@@ -197,7 +197,7 @@ def register(sub, bench) -> None:
     s = bench.add_parser(
         "train",
         help="steady-state training throughput",
-        description="Time training steps on synthetic-free real data: images/s, GPU busy %%, "
+        description="Time training steps on real data (no synthetic input): images/s, GPU busy %, "
         "data-wait share and peak memory, for each --amp mode.",
     )
     s.add_argument("--cfg", default="yolov9-s", help="model config")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torchvision
 from PIL import Image
 
-from train.boxes import letterbox_params, non_max_suppression, scale_boxes_back
+from train.boxes import letterbox_params, nms_flat, scale_boxes_back
 
 PAD_VALUE = 114
 MAX_PIXELS = 64_000_000  # decompression-bomb guard: refuse images that declare more pixels than this
@@ -132,11 +132,14 @@ def postprocess(
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
 ) -> list[torch.Tensor]:
-    """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
-    dets = non_max_suppression(pred, conf, iou, max_det, classes)
-    return [
-        torch.cat((scale_boxes_back(d[:, :4], m.ratio, m.pad, m.orig_hw), d[:, 4:]), 1) for d, m in zip(dets, metas)
-    ]
+    """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels,
+    mapped back for the whole batch at once."""
+    det, owner, counts = nms_flat(pred, conf, iou, max_det, classes)
+    t = dict(device=det.device, dtype=det.dtype)
+    ratio = torch.tensor([m.ratio for m in metas], **t)[owner]
+    pad = torch.tensor([m.pad for m in metas], **t)[owner]
+    hw = torch.tensor([m.orig_hw for m in metas], **t)[owner]
+    return list(torch.cat((scale_boxes_back(det[:, :4], ratio, pad, hw), det[:, 4:]), 1).split(counts))
 
 
 def detections_to_json(det: torch.Tensor, names: list[str]) -> list[dict]:

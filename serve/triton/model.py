@@ -6,8 +6,8 @@ mis-shapes `pb_utils.Tensor(name, ndarray)` outputs under numpy 2."""
 import json
 
 import torch
-import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
+from torch.utils.dlpack import to_dlpack
 
 from serve.detector import Detector, Request
 
@@ -27,7 +27,12 @@ class TritonPythonModel:
         if not engine.startswith("/"):
             engine = f"{args['model_repository']}/{args['model_version']}/{engine}"
         self.detector = Detector(
-            engine, device=device, max_det=int(params.get("max_det", 100)), img_size=int(params.get("img_size", 640))
+            engine,
+            device=device,
+            max_det=int(params.get("max_det", 100)),
+            img_size=int(params.get("img_size", 640)),
+            cuda_graphs=params.get("cuda_graphs", "1") == "1",
+            max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
         )
         self.detector.warmup()
 
@@ -53,10 +58,8 @@ class TritonPythonModel:
                 continue
             dets, n = res
             out = [
-                pb_utils.Tensor.from_dlpack("DETECTIONS", torch.utils.dlpack.to_dlpack(dets[None].contiguous())),
-                pb_utils.Tensor.from_dlpack(
-                    "NUM_DETS", torch.utils.dlpack.to_dlpack(torch.tensor([[n]], dtype=torch.int32, device=dets.device))
-                ),
+                pb_utils.Tensor.from_dlpack("DETECTIONS", to_dlpack(dets[None].contiguous())),
+                pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(torch.tensor([[n]], dtype=torch.int32))),
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=out))
         return responses

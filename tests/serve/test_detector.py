@@ -1,0 +1,40 @@
+import pytest
+import torch
+
+from serve.detector import Detector, Request, graph_buckets
+
+
+def test_graph_buckets_cover_every_batch_size():
+    assert graph_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert graph_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    for max_batch in (1, 5, 64):
+        buckets = graph_buckets(max_batch)
+        assert all(any(b >= n for b in buckets) for n in range(1, max_batch + 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graph_buckets_match_eager(trained_tiny, coco128):
+    """Padding a batch up to its bucket and replaying the captured graph gives the eager detections."""
+    blobs = [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:5]]
+    reqs = [Request(b, conf=0.05) for b in blobs]
+    graphed = Detector(str(trained_tiny), device="cuda", img_size=160, max_batch=8)
+    graphed.warmup()
+    eager = Detector(str(trained_tiny), device="cuda", img_size=160, cuda_graphs=False)
+    assert graphed.buckets == [1, 2, 4, 8]
+    for (a, n), (b, m) in zip(graphed(reqs), eager(reqs)):
+        assert n == m
+        torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1e-2)
+
+
+def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
+    import json
+
+    from train.cli import main
+
+    out = tmp_path / "det.json"
+    images = coco128 / "images" / "train2017"
+    args = ["bench", "detector", str(trained_tiny), "--images", str(images), "--img", "160", "--device", "cpu"]
+    assert main([*args, "--batches", "1,3", "--iters", "2", "--warmup", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["images_per_s"] > 0 for r in rows)
+    assert set(rows[0]["stage_share"]) == {"decode", "letterbox", "engine", "nms"}

@@ -1,0 +1,39 @@
+import torch
+import torchvision
+
+from train.boxes import non_max_suppression, scale_boxes_back, xywh2xyxy
+
+
+def _reference(pred, conf, iou, max_det):
+    """Plain per-image NMS: best class per anchor, threshold, torchvision batched_nms over classes."""
+    out = []
+    for p, c_thr, m in zip(pred, conf, max_det):
+        scores, cls = p[4:].max(0)
+        keep = scores > c_thr
+        boxes, scores, cls = xywh2xyxy(p[:4, keep].T), scores[keep], cls[keep]
+        k = torchvision.ops.batched_nms(boxes, scores, cls, iou)[:m]
+        out.append(torch.cat((boxes[k], scores[k, None], cls[k, None].float()), 1))
+    return out
+
+
+def test_batched_nms_equals_per_image_nms():
+    g = torch.Generator().manual_seed(0)
+    b, nc, a = 6, 5, 400
+    xy = torch.rand(b, 2, a, generator=g) * 300
+    wh = torch.rand(b, 2, a, generator=g) * 60 + 4
+    pred = torch.cat((xy, wh, torch.rand(b, nc, a, generator=g)), 1)
+    conf, max_det = [0.5, 0.9, 0.2, 0.99, 0.7, 1.0], [100, 7, 30, 100, 1, 5]
+    got = non_max_suppression(pred, conf, 0.5, max_det)
+    want = _reference(pred, conf, 0.5, max_det)
+    assert [len(d) for d in got] == [len(d) for d in want] and len(got[-1]) == 0 and len(got[4]) == 1
+    for d, w in zip(got, want):
+        torch.testing.assert_close(d, w)
+
+
+def test_scale_boxes_back_per_box_equals_per_image():
+    boxes = torch.tensor([[10.0, 20, 300, 400], [-5, 0, 700, 630], [50, 60, 70, 80]])
+    metas = [(0.5, (0.0, 80.0), (480, 640)), (1.0, (12.0, 0.0), (600, 500)), (0.5, (0.0, 80.0), (480, 640))]
+    one_by_one = torch.stack([scale_boxes_back(bx, r, p, hw)[0] for bx, (r, p, hw) in zip(boxes[:, None], metas)])
+    ratio, pad, hw = (torch.tensor([m[i] for m in metas]) for i in range(3))
+    torch.testing.assert_close(scale_boxes_back(boxes, ratio, pad, hw), one_by_one)
+    assert (one_by_one[1] == torch.tensor([0.0, 0, 500, 600])).all()  # clipped to the image
