@@ -60,6 +60,9 @@ def _cmd_build_repo(args: argparse.Namespace) -> None:
 
 
 def _interrupt(signum, frame):
+    # later signals (a `timeout` wrapper forwards its own SIGTERM too) must not cut the servers' shutdown short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -185,6 +188,7 @@ def register(sub, bench) -> None:
         help="serve a model: Triton + FastAPI gateway (or one part: see subcommands)",
         description="With --weights: build the model repository, start Triton and the gateway, "
         "and serve until Ctrl-C (or answer one request with --once).",
+        allow_abbrev=False,  # else `serve gateway --triton X` reads as an abbreviation of --triton-grpc-port etc.
     )
     s.add_argument("--weights", default=None, help="checkpoint, zoo name or engine file (.onnx, .pt2, .plan)")
     s.add_argument("--host", default="127.0.0.1", help="address the gateway and Triton bind to")

@@ -4,6 +4,7 @@ Tensors cross the stub through DLPack only: the stub of the nvidia-pytriton serv
 mis-shapes `pb_utils.Tensor(name, ndarray)` outputs under numpy 2."""
 
 import json
+import os
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -24,8 +25,9 @@ class TritonPythonModel:
         kind = args.get("model_instance_kind", "CPU")
         device = f"cuda:{args['model_instance_device_id']}" if kind == "GPU" else "cpu"
         engine = params["engine"]
-        if not engine.startswith("/"):
-            engine = f"{args['model_repository']}/{args['model_version']}/{engine}"
+        local = os.path.join(args["model_repository"], args["model_version"], engine)
+        if os.path.exists(local):  # a file copied into the version folder; else an absolute path or a zoo name
+            engine = local
         self.detector = Detector(
             engine,
             device=device,
