@@ -172,6 +172,9 @@ class CudaGraphEngine:
         self.kind = engine.kind + "-graph"
         self.names, self.img_size, self.device, self.dtype = engine.names, engine.img_size, engine.device, engine.dtype
         self.graphs: dict[tuple, tuple] = {}
+        # one memory pool for all shapes: replays never overlap and each output is copied out right after its
+        # replay, so graphs may reuse each other's intermediate memory (11 batch buckets cost about one)
+        self.pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None
 
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +188,7 @@ class CudaGraphEngine:
                     self.inner(static_in)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 static_out = self.inner(static_in)
             self.graphs[key] = (graph, static_in, static_out)
         graph, static_in, static_out = self.graphs[key]

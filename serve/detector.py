@@ -22,9 +22,10 @@ class Request:
     classes: list[int] | None = None
 
 
-def graph_buckets(max_batch: int) -> list[int]:
-    """Batch sizes that get a CUDA graph: powers of two up to max_batch, and max_batch itself."""
-    sizes = {1 << k for k in range(max_batch.bit_length()) if 1 << k <= max_batch} | {max_batch}
+def graph_buckets(max_batch: int, step: int = 8) -> list[int]:
+    """Batch sizes that get a CUDA graph: 1, 2, 4, then every multiple of `step`, and max_batch itself, so a
+    batch is padded by fewer than `step` images (powers of two alone would run a batch of 33 as 64)."""
+    sizes = {b for b in (1, 2, 4) if b <= max_batch} | set(range(step, max_batch + 1, step)) | {max_batch}
     return sorted(sizes)
 
 

@@ -7,15 +7,15 @@ import threading
 import time
 
 import torch
-from torch import nn
 
 from train.data.augment import Hyp
 from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
+from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
 from train.model import DetectionModel
-from train.trainer import build_optimizer, forward_backward, select_device
+from train.trainer import build_optimizer, forward_backward, optimizer_step, select_device
 
 
 class _UtilSampler(threading.Thread):
@@ -33,6 +33,26 @@ class _UtilSampler(threading.Thread):
             time.sleep(0.05)
 
 
+def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
+    """n steps under torch.profiler: operator calls and kernel launches per step (host-bound steps show many
+    of both), the table of the top operators by host time written to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    ka = prof.key_averages()
+    with open(out, "a") as f:
+        f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+    return {
+        "aten_ops_per_step": round(sum(e.count for e in ka if e.key.startswith("aten::")) / n),
+        "kernel_launches_per_step": round(sum(e.count for e in ka if "LaunchKernel" in e.key) / n),
+    }
+
+
 def bench_train(args) -> list[dict]:
     dev = select_device(args.device)
     ds = DetectionDataset(
@@ -46,56 +66,66 @@ def bench_train(args) -> list[dict]:
     )
     results = []
     for amp in args.amp.split(","):
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
-        torch.manual_seed(0)
-        model = DetectionModel(args.cfg, nc=len(ds.names)).to(dev).train()
-        if dev.type == "cuda":
-            model = model.to(memory_format=torch.channels_last)
-            torch.cuda.reset_peak_memory_stats(dev)
-        loss_fn = DetectionLoss.for_model(model)
-        opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-        scaler = torch.amp.GradScaler(dev.type, enabled=dtype is torch.float16)
-        loader = build_loader(ds, args.batch, args.workers, True, pin=dev.type == "cuda")
-        monitor = GpuMonitor(dev)
-        sampler = _UtilSampler(monitor)
-        total = args.warmup + args.steps
-        step, wait, t0, it = 0, 0.0, None, iter(loader)  # continuous loader: no per-epoch refill
-        while step < total:
-            if step == args.warmup and t0 is None:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                t0, wait = time.perf_counter(), 0.0
-                sampler.start()
-            tw = time.perf_counter()
-            imgs, _, targets, _, _ = next(it)
-            wait += time.perf_counter() - tw
-            forward_backward(model, imgs, targets, loss_fn, dtype, scaler)
-            scaler.unscale_(opt)
-            nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        el = time.perf_counter() - t0
-        sampler.stop.set()
-        row = {
-            "amp": amp,
-            "cfg": args.cfg,
-            "img": args.img,
-            "batch": args.batch,
-            "steps": args.steps,
-            "images_per_s": round(args.steps * args.batch / el, 1),
-            "data_wait_share": round(wait / el, 3),
-            "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
-            "peak_memory_gib": round(monitor.peak_gib(), 2),
-            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        }
+        row = _bench_mode(args, ds, dev, amp)
         print(json.dumps(row))
         results.append(row)
-        del loader, it
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     return results
+
+
+def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict:
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
+    channels_last = args.channels_last and dev.type == "cuda"
+    torch.manual_seed(0)
+    model = DetectionModel(args.cfg, nc=len(ds.names)).to(dev).train()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    loss_fn = DetectionLoss.for_model(model)
+    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    ema = ModelEMA(model)
+    scaler = torch.amp.GradScaler(dev.type, enabled=dtype is torch.float16)
+    it = iter(build_loader(ds, args.batch, args.workers, True, pin=dev.type == "cuda"))  # one iterator: no refills
+    monitor = GpuMonitor(dev)
+    sampler = _UtilSampler(monitor)
+    wait = 0.0
+
+    def step() -> None:  # what one trainer step does when the nominal batch equals the batch
+        nonlocal wait
+        tw = time.perf_counter()
+        imgs, _, targets, _, _ = next(it)
+        wait += time.perf_counter() - tw
+        loss, _ = forward_backward(model, imgs, targets, loss_fn, dtype, scaler, channels_last)
+        optimizer_step(model, opt, scaler, ema, 10.0, loss)
+
+    for _ in range(args.warmup):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0, wait = time.perf_counter(), 0.0
+    sampler.start()
+    for _ in range(args.steps):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    el = time.perf_counter() - t0
+    sampler.stop.set()
+    row = {
+        "amp": amp,
+        "cfg": args.cfg,
+        "img": args.img,
+        "batch": args.batch,
+        "channels_last": channels_last,
+        "steps": args.steps,
+        "images_per_s": round(args.steps * args.batch / el, 1),
+        "data_wait_share": round(wait / el, 3),
+        "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
+        "peak_memory_gib": round(monitor.peak_gib(), 2),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+    }
+    if args.profile:
+        row.update(_profile_steps(step, 3, dev, args.profile))
+    return row

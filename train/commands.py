@@ -210,5 +210,18 @@ def register(sub, bench) -> None:
     s.add_argument("--workers", type=int, default=8, help="loader worker processes")
     s.add_argument("--cache", default="ram", choices=["ram", "disk", "none"], help="image cache")
     s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="channels-last memory format on the GPU (as the trainer)",
+    )
+    s.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="after timing, profile 3 steps: add operator calls and kernel launches per step to the results and "
+        "append the top-operator table to FILE",
+    )
     s.add_argument("--out", default=None, help="write results as JSON here")
     s.set_defaults(func=_bench_train)

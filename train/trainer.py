@@ -115,6 +115,28 @@ def forward_backward(
     return loss, items
 
 
+def optimizer_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: ModelEMA | None,
+    clip: float,
+    loss: torch.Tensor,
+) -> bool:
+    """Unscale, clip, step, EMA; False (nothing applied) for a non-finite loss. The finiteness check is the one
+    host synchronisation of a training step. Shared by the trainer and `bench train`."""
+    ok = bool(torch.isfinite(loss))
+    if ok:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
+        scaler.step(optimizer)
+        scaler.update()
+        if ema is not None:
+            ema.update(model)
+    optimizer.zero_grad(set_to_none=True)
+    return ok
+
+
 def lr_lambda(epochs: int, lrf: float, cosine: bool):
     if cosine:
         return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
@@ -325,16 +347,9 @@ class Trainer:
                     mloss = (mloss * i + items) / (i + 1)
                     seen += imgs.shape[0]
                     if ni - last_opt_step >= accumulate:
-                        if torch.isfinite(loss):  # the one host sync per optimizer step
-                            scaler.unscale_(optimizer)
-                            nn.utils.clip_grad_norm_(model.parameters(), max_norm=cfg.clip)
-                            scaler.step(optimizer)
-                            scaler.update()
-                            ema.update(model)
-                        else:
+                        if not optimizer_step(model, optimizer, scaler, ema, cfg.clip, loss):
                             skipped += 1
                             tqdm.write(f"warning: non-finite loss at epoch {epoch + 1} step {i}; step skipped")
-                        optimizer.zero_grad(set_to_none=True)
                         last_opt_step = ni
                     if i % 10 == 0 or i == nb - 1:
                         el = time.perf_counter() - t_epoch

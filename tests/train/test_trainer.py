@@ -114,6 +114,8 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
             "cpu",
             "--out",
             str(out),
+            "--profile",
+            str(tmp_path / "profile.txt"),
         ],
         check=True,
         capture_output=True,
@@ -122,3 +124,5 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["amp"] for r in rows] == ["off", "bf16"]
     assert all(r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1 for r in rows)
+    assert all(r["aten_ops_per_step"] > 100 for r in rows)  # a real forward/backward/optimizer step ran
+    assert "aten::convolution" in (tmp_path / "profile.txt").read_text()
