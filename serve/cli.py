@@ -154,20 +154,24 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         srv.stop()
 
 
-def serve_once(weights: str, port: int = 8080, img: int | None = None, conf: float = 0.25) -> dict:
+def serve_once(
+    weights: str,
+    port: int = 8080,
+    img: int | None = None,
+    conf: float = 0.25,
+    triton_ports: tuple[int, int, int] = (8000, 8001, 8002),
+    repo: str = "model_repository",
+) -> dict:
     """Build a repository for `weights`, start Triton and the gateway, answer one request, stop."""
-    args = build_parser_for_serve().parse_args(
-        ["--weights", str(weights), "--once", "--port", str(port), "--conf", str(conf)]
+    from train.cli import build_parser
+
+    http, grpc, metrics = triton_ports
+    args = build_parser().parse_args(
+        ["serve", "--weights", str(weights), "--once", "--port", str(port), "--conf", str(conf), "--repo", repo]
+        + ["--triton-http-port", str(http), "--triton-grpc-port", str(grpc), "--triton-metrics-port", str(metrics)]
         + (["--img", str(img)] if img else [])
     )
     return _cmd_serve(args)
-
-
-def build_parser_for_serve() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="yolov9")
-    sub = p.add_subparsers(dest="command")
-    register(sub)
-    return sub.choices["serve"]
 
 
 def _loadtest(args: argparse.Namespace) -> None:

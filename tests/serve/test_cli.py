@@ -5,3 +5,22 @@ def test_serve_subcommand_options_are_not_read_as_abbreviations():
     """`--triton` must reach `serve gateway`, not be taken for the parent's --triton-*-port options."""
     args = build_parser().parse_args(["serve", "gateway", "--triton", "10.0.0.2:8001", "--port", "9000"])
     assert args.triton == "10.0.0.2:8001" and args.port == 9000
+
+
+def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
+    """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
+    import pytest
+
+    from serve.cli import serve_once
+    from serve.triton_server import find_server
+
+    from .conftest import CONF, IMG, free_port
+
+    try:
+        find_server()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    ports = (free_port(), free_port(), free_port())
+    body = serve_once(str(checkpoint), port=free_port(), img=IMG, conf=CONF, triton_ports=ports, repo=str(tmp_path))
+    assert body["width"] > 0 and body["height"] > 0 and len(body["detections"]) > 0
+    assert all(0 <= d["class_id"] < 80 and d["score"] >= CONF for d in body["detections"])
