@@ -20,6 +20,7 @@ def export_aoti(
     half: bool = True,
     device: str = "cuda",
     max_batch: int = 256,
+    inductor_configs: dict | None = None,
 ) -> Path:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(
@@ -34,7 +35,7 @@ def export_aoti(
     with torch.no_grad():
         ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(out))
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=inductor_configs)
     sidecar_path(out).write_text(
         json.dumps(
             {
@@ -44,6 +45,7 @@ def export_aoti(
                 "dtype": str(dtype).split(".")[1],
                 "device": device,
                 "max_batch": max_batch,
+                "inductor_configs": {k: repr(v) for k, v in (inductor_configs or {}).items()},
                 "torch": torch.__version__,
                 "input": "images: (B,3,H,W) RGB in [0,1], letterboxed with 114",
                 "output": "(B, 4 + nc, anchors)",

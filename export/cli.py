@@ -10,6 +10,21 @@ from pathlib import Path
 SAMPLES = Path(__file__).resolve().parents[1] / "assets" / "images"
 
 
+def _inductor_configs(pairs: list[str]) -> dict:
+    import ast
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--inductor expects KEY=VALUE, got '{pair}'")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value  # a bare string
+    return out
+
+
 def _export(args: argparse.Namespace) -> None:
     if args.format == "onnx":
         from export.onnx_export import export_onnx
@@ -36,6 +51,7 @@ def _export(args: argparse.Namespace) -> None:
             half=not args.fp32,
             device=args.device,
             max_batch=args.max_batch,
+            inductor_configs=_inductor_configs(args.inductor),
         )
     else:
         from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
@@ -157,6 +173,14 @@ def register(sub, bench) -> None:
     s.add_argument("--iou", type=float, default=0.45, help="end2end: NMS IoU threshold")
     s.add_argument("--max-det", type=int, default=100, help="end2end: detections per image")
     s.add_argument("--device", default="cuda", help="aoti: device to compile for (cuda or cpu)")
+    s.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="aoti: an Inductor config option for this compile (repeatable), e.g. "
+        "aot_inductor.compile_wrapper_opt_level=O1; values are Python literals (else strings)",
+    )
     s.add_argument("--min-batch", type=int, default=1, help="trt: smallest batch of the optimization profile")
     s.add_argument("--opt-batch", type=int, default=16, help="trt: batch the profile is tuned for")
     s.add_argument("--max-batch", type=int, default=64, help="trt/aoti: largest batch")

@@ -3,6 +3,7 @@ engine, AOTInductor packages, and TensorRT where it exists."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -142,10 +143,23 @@ def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128):
     """AOTInductor on the CPU (the GPU fp16 package is tested on the GPU below)."""
     from export.aoti import export_aoti
 
-    pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", img=160, half=False, device="cpu", max_batch=8)
+    options = {"aot_inductor.compile_wrapper_opt_level": "O0"}  # an --inductor option reaches the compile
+    pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", 160, False, "cpu", 8, inductor_configs=options)
     eng = load_engine(pt2, device="cpu")
     x = _coco_batch(coco128, 3, 160)
     assert rel_l2(eng(x), TorchEngine(load_model(trained_tiny))(x)) < 1e-4
+    assert json.loads(pt2.with_name("m.pt2.json").read_text())["inductor_configs"] == {
+        "aot_inductor.compile_wrapper_opt_level": "'O0'"
+    }
+
+
+def test_inductor_option_flags_parse_as_python_literals():
+    from export.cli import _inductor_configs
+
+    got = _inductor_configs(["aot_inductor.package_constants_in_so=False", "max_autotune=True", "mode=default"])
+    assert got == {"aot_inductor.package_constants_in_so": False, "max_autotune": True, "mode": "default"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _inductor_configs(["max_autotune"])
 
 
 @requires_cuda
