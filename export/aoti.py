@@ -35,7 +35,8 @@ def export_aoti(
     with torch.no_grad():
         ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=inductor_configs)
+        options = dict(inductor_configs or {})  # a copy: the compile adds its own keys
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=options)
     sidecar_path(out).write_text(
         json.dumps(
             {
