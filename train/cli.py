@@ -5,6 +5,7 @@ serve/ for Triton, the gateway and load tests)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a crash inside native code (an engine's runtime, a CUDA library) then names the Python call it came from
+    faulthandler.enable()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
