@@ -256,6 +256,13 @@ def register(sub, bench) -> None:
     s.add_argument("--model", default="yolov9", help="Triton model name (target triton)")
     s.add_argument("--conf", type=float, default=0.25, help="score threshold sent with each request")
     s.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
+    s.add_argument(
+        "--plot",
+        nargs="+",
+        default=None,
+        metavar="RESULT_JSON",
+        help="send nothing: draw these saved results on one chart (written to --out with .png)",
+    )
     s.add_argument("--triton-metrics", default=None, help="Triton metrics URL to scrape (queue/compute time, batch)")
     s.add_argument("--out", default="loadtest.json", help="results JSON (CSV and PNG are written beside it)")
     s.set_defaults(func=_loadtest)

@@ -222,31 +222,51 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({**r, "errors": json.dumps(r["errors"])})
+    plot_runs([(f"{meta['target']} {meta['url']}", rows)], out.with_suffix(".png"))
+
+
+def plot_runs(runs: list[tuple[str, list[dict]]], png: Path) -> None:
+    """p50 (dashed) and p99 (solid) latency against images/s, one colour per run, steps labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["images_per_s"] for r in rows]
-    for key in ("p50_ms", "p99_ms"):
-        ax.plot(xs, [r[key] for r in rows], marker="o", label=key.replace("_ms", ""))
-    for r in rows:
-        ax.annotate(
-            f"c={r['concurrency']}" if r["concurrency"] else f"{r['rate']}/s",
-            (r["images_per_s"], r["p99_ms"] or 0),
-            fontsize=7,
-        )
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for k, (label, rows) in enumerate(runs):
+        color = f"C{k}"
+        xs = [r["images_per_s"] for r in rows]
+        ax.plot(xs, [r["p99_ms"] for r in rows], marker="o", color=color, label=f"{label} p99")
+        ax.plot(xs, [r["p50_ms"] for r in rows], marker=".", ls="--", color=color, label=f"{label} p50")
+        for r in rows:
+            step = f"c={r['concurrency']}" if r["concurrency"] else f"{r['rate']}/s"
+            xy = (r["images_per_s"], r["p99_ms"] or 0)
+            ax.annotate(step, xy, xytext=(4, 4), textcoords="offset points", fontsize=7, color=color)
     ax.set_xlabel("throughput (images/s)")
     ax.set_ylabel("latency (ms)")
-    ax.set_title(f"{meta['target']} {meta['url']}")
-    ax.legend()
+    ax.set_title(runs[0][0] if len(runs) == 1 else "latency against throughput")
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
 
 
+def plot_files(files: list[str], png: Path) -> None:
+    """One chart from several saved results (e.g. the gateway and Triton at the same concurrencies)."""
+    runs = []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        runs.append((f"{d['meta']['target']} ({Path(f).stem})", d["steps"]))
+    plot_runs(runs, png)
+
+
 def run_loadtest(args) -> list[dict]:
+    if args.plot:
+        png = Path(args.out).with_suffix(".png")
+        plot_files(args.plot, png)
+        print(f"wrote {png}")
+        return []
     url = args.url or ("http://127.0.0.1:8080" if args.target == "gateway" else "127.0.0.1:8001")
     images = load_images(args.images)
     steps = (

@@ -57,6 +57,13 @@ def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
     res = _run_loadtest(tmp_path, "triton", triton.grpc_url, ["--procs", "2"])
     for s in res["steps"]:
         assert s["errors"] == {} and s["ok"] > 0 and s["procs"] == 2
+    # --plot draws saved results on one chart and sends nothing
+    (tmp_path / "again.json").write_text((tmp_path / "triton.json").read_text())
+    files = [str(tmp_path / "triton.json"), str(tmp_path / "again.json")]
+    cmd = [sys.executable, "-m", "train.cli", "loadtest", "--plot", *files, "--out", str(tmp_path / "both.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "both.png").stat().st_size > 10_000 and not (tmp_path / "both.json").exists()
 
 
 def test_open_loop_rate(gateway, tmp_path):
