@@ -51,6 +51,7 @@ class TorchEngine:
         self.model = deploy_model(model).to(self.device, self.dtype)
         if self.device.type == "cuda":  # channels-last lets cuDNN pick its fastest fp16 kernels
             self.model = self.model.to(memory_format=torch.channels_last)
+            torch.backends.cudnn.benchmark = True  # inference shapes repeat (batch buckets): time algorithms once
         self.names, self.img_size = model.names, img_size
 
     @torch.inference_mode()

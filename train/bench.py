@@ -78,6 +78,7 @@ def bench_train(args) -> list[dict]:
 def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict:
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
     channels_last = args.channels_last and dev.type == "cuda"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)
     model = DetectionModel(args.cfg, nc=len(ds.names)).to(dev).train()
     if channels_last:
@@ -119,6 +120,7 @@ def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict
         "img": args.img,
         "batch": args.batch,
         "channels_last": channels_last,
+        "cudnn_benchmark": args.cudnn_benchmark,
         "steps": args.steps,
         "images_per_s": round(args.steps * args.batch / el, 1),
         "data_wait_share": round(wait / el, 3),

@@ -34,6 +34,8 @@ _TRAIN_HELP = {
     "stop_after": "stop after N epochs of this run while keeping the --epochs schedule (continue with --resume)",
     "resume": "continue a run exactly: its folder or its weights/last.pt",
     "channels_last": "channels-last memory format on the GPU",
+    "cudnn_benchmark": "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen "
+    "algorithms, and so the last bits of the results, may differ between runs)",
 }
 
 
@@ -215,6 +217,12 @@ def register(sub, bench) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="channels-last memory format on the GPU (as the trainer)",
+    )
+    s.add_argument(
+        "--cudnn-benchmark",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let cuDNN time its convolution algorithms (as the trainer)",
     )
     s.add_argument(
         "--profile",

@@ -59,6 +59,7 @@ class TrainConfig:
     stop_after: int | None = None
     resume: str | None = None
     channels_last: bool = True
+    cudnn_benchmark: bool = True
     hyp: dict = field(default_factory=dict)
 
 
@@ -233,6 +234,8 @@ class Trainer:
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
+        if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
 
     def _build_model(self) -> DetectionModel:
