@@ -52,6 +52,20 @@ def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int
     return eng
 
 
+def seconds_per_call(fn, arg, warmup: int, iters: int, device: torch.device) -> float:
+    """Mean wall time of fn(arg) after `warmup` untimed calls; CUDA work is waited for at both ends."""
+    for _ in range(warmup):
+        fn(arg)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn(arg)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters
+
+
 def bench_engines(args) -> list[dict]:
     batches = [int(b) for b in args.batches.split(",")]
     workdir = Path(args.workdir)
@@ -68,16 +82,7 @@ def bench_engines(args) -> list[dict]:
             continue
         for b in batches:
             x = torch.rand(b, 3, args.img, args.img, device=eng.device).to(eng.dtype)
-            for _ in range(args.warmup):
-                eng(x)
-            if eng.device.type == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(args.iters):
-                eng(x)
-            if eng.device.type == "cuda":
-                torch.cuda.synchronize()
-            el = (time.perf_counter() - t) / args.iters
+            el = seconds_per_call(eng, x, args.warmup, args.iters, eng.device)
             row = {
                 "engine": kind,
                 "batch": b,

@@ -5,21 +5,17 @@ python-backend model can reach per instance."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from export.bench import seconds_per_call
 from serve.detector import Detector, Request
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+from serve.loadtest import load_images
 
 
 def bench_detector(args) -> list[dict]:
-    files = sorted(p for p in Path(args.images).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise SystemExit(f"{args.images}: no images")
-    blobs = [p.read_bytes() for p in files]
+    blobs = load_images(args.images)
     batches = [int(b) for b in args.batches.split(",")]
     det = Detector(
         args.engine, device=args.device, img_size=args.img, cuda_graphs=not args.no_cuda_graphs, max_batch=max(batches)
@@ -28,16 +24,7 @@ def bench_detector(args) -> list[dict]:
     rows = []
     for b in batches:
         reqs = [Request(blobs[i % len(blobs)], conf=args.conf) for i in range(b)]
-        for _ in range(args.warmup):
-            det(reqs)
-        if det.device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(args.iters):
-            det(reqs)
-        if det.device.type == "cuda":
-            torch.cuda.synchronize()
-        el = (time.perf_counter() - t) / args.iters
+        el = seconds_per_call(det, reqs, args.warmup, args.iters, det.device)
         stages: dict[str, float] = {}
         for _ in range(max(args.iters // 4, 1)):  # a separate, synchronised pass for the split
             det(reqs, timings=stages)
