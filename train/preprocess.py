@@ -135,11 +135,11 @@ def postprocess(
     """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels,
     mapped back for the whole batch at once."""
     det, owner, counts = nms_flat(pred, conf, iou, max_det, classes)
-    t = dict(device=det.device, dtype=det.dtype)
-    ratio = torch.tensor([m.ratio for m in metas], **t)[owner]
-    pad = torch.tensor([m.pad for m in metas], **t)[owner]
-    hw = torch.tensor([m.orig_hw for m in metas], **t)[owner]
-    return list(torch.cat((scale_boxes_back(det[:, :4], ratio, pad, hw), det[:, 4:]), 1).split(counts))
+    # ratio, pad left/top, orig h/w per image: one host-to-device copy, then one row per detection
+    per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
+    per_det = per_image.reshape(-1, 5)[owner]
+    boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
+    return list(torch.cat((boxes, det[:, 4:]), 1).split(counts))
 
 
 def detections_to_json(det: torch.Tensor, names: list[str]) -> list[dict]:
