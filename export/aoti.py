@@ -3,7 +3,13 @@ package (fp16 on CUDA by default, dynamic batch) that loads without recompiling 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,7 +42,11 @@ def export_aoti(
         ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
         out.parent.mkdir(parents=True, exist_ok=True)
         options = dict(inductor_configs or {})  # a copy: the compile adds its own keys
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=options)
+        with shared_cxx_runtime(options):
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=options)
+    cxx_shared = links_shared_cxx_runtime(out)
+    if cxx_shared is False:
+        print(f"warning: {out} has the C++ runtime linked in statically; it may crash when loaded", file=sys.stderr)
     sidecar_path(out).write_text(
         json.dumps(
             {
@@ -48,6 +58,7 @@ def export_aoti(
                 "max_batch": max_batch,
                 "inductor_configs": {k: repr(v) for k, v in (inductor_configs or {}).items()},
                 "torch": torch.__version__,
+                "links_shared_cxx_runtime": cxx_shared,
                 "input": "images: (B,3,H,W) RGB in [0,1], letterboxed with 114",
                 "output": "(B, 4 + nc, anchors)",
             },
@@ -55,3 +66,59 @@ def export_aoti(
         )
     )
     return out
+
+
+# A g++ front for Inductor's compile of the model library. Some PyTorch builds (2.11 on our H200 image) link the
+# C++ runtime statically into the AOTI library; loaded next to PyTorch's shared libstdc++, two copies of the
+# locale machinery then meet and the model constructor crashes (std::regex in parse_device_str: SIGSEGV, or
+# std::bad_cast). The front drops static-runtime flags and ends each shared-library link with the shared
+# libstdc++.so.6 named explicitly, ahead of the driver's own -lstdc++ (that image has libstdc++.so.6 but no
+# libstdc++.so link, so the plain link came out static). YOLOV9_CXX_LOG=FILE records the commands it was given.
+_CXX_FRONT = """#!/bin/sh
+[ -n "$YOLOV9_CXX_LOG" ] && printf '%s\\n' "$*" >> "$YOLOV9_CXX_LOG"
+shared=0
+for a do
+  shift
+  case $a in -static-libstdc++|-static-libgcc) continue ;; -shared) shared=1 ;; -c|-E|-S) shared=2 ;; esac
+  set -- "$@" "$a"
+done
+[ $shared = 1 ] && set -- "$@" -Wl,-Bdynamic -l:libstdc++.so.6
+exec "{real}" "$@"
+"""
+
+
+@contextlib.contextmanager
+def shared_cxx_runtime(options: dict) -> Iterator[None]:
+    """Point Inductor's C++ compiler (option cpp.cxx) at the g++ front above for one compile (Linux + gcc only;
+    an explicit cpp.cxx in `options` wins)."""
+    from torch._inductor import cpp_builder
+
+    real = cpp_builder.get_cpp_compiler() if sys.platform.startswith("linux") else ""
+    if "cpp.cxx" in options or not real or not cpp_builder._is_gcc(real):
+        yield
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="yolov9_cxx_"))
+    try:
+        options["cpp.cxx"] = (None, str(write_cxx_front(tmp, shutil.which(real) or real)))
+        yield
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_cxx_front(folder: Path, real: str) -> Path:
+    front = folder / "g++"  # named g++ so that Inductor's compiler checks see a gcc
+    front.write_text(_CXX_FRONT.replace("{real}", real))
+    front.chmod(0o755)
+    return front
+
+
+def links_shared_cxx_runtime(package: Path) -> bool | None:
+    """Whether the package's model library needs libstdc++.so (None: no ELF library in it, e.g. on macOS)."""
+    with zipfile.ZipFile(package) as z:
+        libs = [n for n in z.namelist() if n.endswith(".so")]
+        return elf_needs_libstdcxx(z.read(libs[0])) if libs else None
+
+
+def elf_needs_libstdcxx(data: bytes) -> bool | None:
+    # the dependency's file name sits in the dynamic string table; a static copy of the runtime leaves no such name
+    return b"libstdc++.so" in data if data.startswith(b"\x7fELF") else None

@@ -139,7 +139,7 @@ def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128):
+def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128, monkeypatch):
     """AOTInductor on the CPU (the GPU fp16 package is tested on the GPU below)."""
     from export.aoti import export_aoti
 
@@ -147,10 +147,52 @@ def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128):
     pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", 160, False, "cpu", 8, inductor_configs=options)
     eng = load_engine(pt2, device="cpu")
     x = _coco_batch(coco128, 3, 160)
-    assert rel_l2(eng(x), TorchEngine(load_model(trained_tiny))(x)) < 1e-4
-    assert json.loads(pt2.with_name("m.pt2.json").read_text())["inductor_configs"] == {
-        "aot_inductor.compile_wrapper_opt_level": "'O0'"
-    }
+    got = eng(x)
+    assert rel_l2(got, TorchEngine(load_model(trained_tiny))(x)) < 1e-4
+    meta = json.loads(pt2.with_name("m.pt2.json").read_text())
+    assert meta["inductor_configs"] == {"aot_inductor.compile_wrapper_opt_level": "'O0'"}
+    if sys.platform.startswith("linux"):  # built through the g++ front: the library uses the shared C++ runtime
+        assert meta["links_shared_cxx_runtime"] is True
+    # torch's own package loader runs the same library as our direct runner (the default)
+    monkeypatch.setenv("YOLOV9_AOTI_LOADER", "package")
+    assert torch.equal(load_engine(pt2, device="cpu")(x), got)
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip")
+    monkeypatch.setenv("YOLOV9_AOTI_LOADER", "runner")
+    with pytest.raises(ValueError, match="not an AOTInductor package"):
+        load_engine(bad, device="cpu")
+
+
+_REGEX_LIB = """#include <regex>
+#include <string>
+extern "C" int parse(const char* s) {
+  std::smatch m;
+  std::string str(s);
+  return std::regex_match(str, m, std::regex("(cuda|cpu)(:([0-9]+))?")) ? 1 : 0;
+}
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("g++") is None, reason="the g++ front is for Linux + g++"
+)
+def test_cxx_front_links_the_shared_cxx_runtime(tmp_path):
+    """The H200 AOTI crash in miniature: a library with its own static C++ runtime, loaded next to PyTorch's
+    libstdc++, breaks std::regex. Built through the export's g++ front, the same flags give a library that needs
+    libstdc++.so and works in a process that has torch loaded."""
+    from export.aoti import elf_needs_libstdcxx, write_cxx_front
+
+    src = tmp_path / "rx.cpp"
+    src.write_text(_REGEX_LIB)
+    flags = ["-shared", "-fPIC", "-O1", "-static-libstdc++", "-static-libgcc"]
+    plain, fronted = tmp_path / "plain.so", tmp_path / "fronted.so"
+    subprocess.run(["g++", *flags, "-o", plain, src], check=True)
+    subprocess.run([write_cxx_front(tmp_path, shutil.which("g++")), *flags, "-o", fronted, src], check=True)
+    assert elf_needs_libstdcxx(plain.read_bytes()) is False
+    assert elf_needs_libstdcxx(fronted.read_bytes()) is True
+    code = f"import ctypes, torch; print(ctypes.CDLL({str(fronted)!r}).parse(b'cuda:0'))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "1", run.stderr[-500:]
 
 
 def test_inductor_option_flags_parse_as_python_literals():
