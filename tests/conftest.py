@@ -107,3 +107,14 @@ def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
         tiny_subset, tmp_path_factory.mktemp("runs"), img=160, epochs=40, batch=4, nbs=4, name="tiny"
     )
     return Path(Trainer(cfg).fit()["run_dir"]) / "weights" / "best.pt"
+
+
+@pytest.fixture(scope="session")
+def aoti_cpu_package(trained_tiny, tmp_path_factory) -> Path:
+    """trained_tiny compiled by AOTInductor for the CPU (fp32, 160 px, batch up to 8), with one --inductor option
+    passed through (about 30 s on 2 cores)."""
+    from export.aoti import export_aoti
+
+    options = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+    out = tmp_path_factory.mktemp("aoti") / "m.pt2"
+    return export_aoti(trained_tiny, out, 160, False, "cpu", 8, inductor_configs=options)

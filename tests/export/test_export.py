@@ -139,17 +139,15 @@ def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_aoti_cpu_package_loads_and_matches(trained_tiny, tmp_path, coco128, monkeypatch):
+def test_aoti_cpu_package_loads_and_matches(aoti_cpu_package, trained_tiny, tmp_path, coco128, monkeypatch):
     """AOTInductor on the CPU (the GPU fp16 package is tested on the GPU below)."""
-    from export.aoti import export_aoti
-
-    options = {"aot_inductor.compile_wrapper_opt_level": "O0"}  # an --inductor option reaches the compile
-    pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", 160, False, "cpu", 8, inductor_configs=options)
+    pt2 = aoti_cpu_package
     eng = load_engine(pt2, device="cpu")
     x = _coco_batch(coco128, 3, 160)
     got = eng(x)
     assert rel_l2(got, TorchEngine(load_model(trained_tiny))(x)) < 1e-4
     meta = json.loads(pt2.with_name("m.pt2.json").read_text())
+    # the fixture's --inductor option reached the compile
     assert meta["inductor_configs"] == {"aot_inductor.compile_wrapper_opt_level": "'O0'"}
     if sys.platform.startswith("linux"):  # built through the g++ front: the library uses the shared C++ runtime
         assert meta["links_shared_cxx_runtime"] is True

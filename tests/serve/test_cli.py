@@ -1,3 +1,5 @@
+import pytest
+
 from train.cli import build_parser
 
 
@@ -9,7 +11,6 @@ def test_serve_subcommand_options_are_not_read_as_abbreviations():
 
 def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
-    import pytest
 
     from serve.cli import serve_once
     from serve.triton_server import find_server
@@ -24,3 +25,31 @@ def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     body = serve_once(str(checkpoint), port=free_port(), img=IMG, conf=CONF, triton_ports=ports, repo=str(tmp_path))
     assert body["width"] > 0 and body["height"] > 0 and len(body["detections"]) > 0
     assert all(0 <= d["class_id"] < 80 and d["score"] >= CONF for d in body["detections"])
+
+
+@pytest.mark.slow
+def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path):
+    """A .pt2 engine inside Triton's python backend (the GPU serving path, here with a CPU package): the sample
+    request gets the PyTorch model's detections."""
+    import numpy as np
+
+    from serve.cli import SAMPLES, serve_once
+    from serve.detector import Detector, Request
+    from serve.triton_server import find_server
+
+    from .conftest import free_port
+
+    try:
+        find_server()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    ports = (free_port(), free_port(), free_port())
+    body = serve_once(
+        str(aoti_cpu_package), port=free_port(), img=160, conf=0.05, triton_ports=ports, repo=str(tmp_path)
+    )
+    data = sorted(SAMPLES.glob("*.jpg"))[0].read_bytes()
+    ((dets, n),) = Detector(str(trained_tiny), device="cpu", img_size=160)([Request(data, conf=0.05)])
+    got = np.array([d["box"] + [d["score"], d["class_id"]] for d in body["detections"]]).reshape(-1, 6)
+    assert len(got) == n > 0
+    np.testing.assert_allclose(got[:, :4], dets[:n, :4].numpy(), atol=0.05)
+    np.testing.assert_array_equal(got[:, 5], dets[:n, 5].numpy())
