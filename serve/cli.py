@@ -84,17 +84,22 @@ def _serve_until_stopped(server, message: str) -> None:
         server.stop()
 
 
-def _cmd_triton(args: argparse.Namespace) -> None:
+def _triton_server(args: argparse.Namespace, log_file: str | Path | None):
+    """The Triton server the serve options describe (repository, ports, host)."""
     from serve.triton_server import TritonServer
 
-    srv = TritonServer(
+    return TritonServer(
         args.repo,
         args.triton_http_port,
         args.triton_grpc_port,
         args.triton_metrics_port,
         host=args.host,
-        log_file=args.log,
+        log_file=log_file,
     )
+
+
+def _cmd_triton(args: argparse.Namespace) -> None:
+    srv = _triton_server(args, args.log)
     srv.start(args.timeout, model=args.name)
     _serve_until_stopped(srv, f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url}")
 
@@ -112,7 +117,6 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
 def _cmd_serve(args: argparse.Namespace) -> None:
     """Triton and the gateway together on the given weights or engine."""
     from serve.gateway.process import GatewayProcess
-    from serve.triton_server import TritonServer
 
     if not args.weights:
         raise ValueError("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
@@ -120,14 +124,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         args.repo = tempfile.mkdtemp(prefix="yolov9-repo-")
     _build_repo(args, args.weights)
     log_dir = Path(tempfile.mkdtemp(prefix="yolov9-serve-"))
-    srv = TritonServer(
-        args.repo,
-        args.triton_http_port,
-        args.triton_grpc_port,
-        args.triton_metrics_port,
-        host=args.host,
-        log_file=log_dir / "triton.log",
-    )
+    srv = _triton_server(args, log_dir / "triton.log")
     srv.start(args.timeout, model=args.name)
     gw = GatewayProcess([srv.grpc_url], args.host, args.port, args.workers, args.name, log_file=log_dir / "gateway.log")
     try:
