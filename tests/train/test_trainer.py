@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_train_cli_help_explains_every_flag():
         assert flag in out
 
 
-def test_bench_train_reports_each_amp_mode(tmp_path):
+def test_bench_train_reports_each_amp_mode(tmp_path, coco128):
     out = tmp_path / "bench.json"
     subprocess.run(
         [
@@ -120,6 +121,7 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
         check=True,
         capture_output=True,
         timeout=300,
+        env={**os.environ, "YOLOV9_DATASETS": str(coco128.parent)},  # the reference data the fixture found
     )
     rows = json.loads(out.read_text())
     assert [r["amp"] for r in rows] == ["off", "bf16"]
