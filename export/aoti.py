@@ -18,6 +18,12 @@ from export.engine import deploy_model, sidecar_path
 from train import load_model
 from train.model import DetectionModel
 
+# Inductor options for CUDA packages (measured on the H200, docs/benchmarks.md). Dynamic batch makes Inductor skip
+# its channels-last choice for convolutions (it only decides it on static shapes), and NCHW fp16 convolutions are
+# slower in cuDNN: force the layout. Freezing folds the weights into the package as constants, so they are
+# converted to that layout once at compile time rather than on every call.
+CUDA_DEFAULTS = {"freezing": True, "force_layout_optimization": True}
+
 
 def export_aoti(
     weights: str | Path | DetectionModel,
@@ -41,7 +47,8 @@ def export_aoti(
     with torch.no_grad():
         ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
         out.parent.mkdir(parents=True, exist_ok=True)
-        options = dict(inductor_configs or {})  # a copy: the compile adds its own keys
+        options = inductor_options(device, inductor_configs)
+        requested = dict(options)  # the compile adds keys of its own to `options`
         with shared_cxx_runtime(options):
             torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=options)
     cxx_shared = links_shared_cxx_runtime(out)
@@ -56,7 +63,7 @@ def export_aoti(
                 "dtype": str(dtype).split(".")[1],
                 "device": device,
                 "max_batch": max_batch,
-                "inductor_configs": {k: repr(v) for k, v in (inductor_configs or {}).items()},
+                "inductor_configs": {k: repr(v) for k, v in requested.items()},
                 "torch": torch.__version__,
                 "links_shared_cxx_runtime": cxx_shared,
                 "input": "images: (B,3,H,W) RGB in [0,1], letterboxed with 114",
@@ -66,6 +73,11 @@ def export_aoti(
         )
     )
     return out
+
+
+def inductor_options(device: str, user: dict | None = None) -> dict:
+    """The Inductor options of one compile: the CUDA defaults on CUDA, overridden by the user's --inductor."""
+    return {**(CUDA_DEFAULTS if device.startswith("cuda") else {}), **(user or {})}
 
 
 # A g++ front for Inductor's compile of the model library. Some PyTorch builds (2.11 on our H200 image) link the

@@ -178,8 +178,8 @@ def register(sub, bench) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="aoti: an Inductor config option for this compile (repeatable), e.g. "
-        "aot_inductor.compile_wrapper_opt_level=O1; values are Python literals (else strings)",
+        help="aoti: an Inductor config option for this compile (repeatable), e.g. max_autotune=True; values are "
+        "Python literals (else strings). CUDA packages default to freezing=True and force_layout_optimization=True",
     )
     s.add_argument("--min-batch", type=int, default=1, help="trt: smallest batch of the optimization profile")
     s.add_argument("--opt-batch", type=int, default=16, help="trt: batch the profile is tuned for")

@@ -105,6 +105,8 @@ class AOTIEngine:
         self.device = torch.device(meta.get("device", str(device)))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"{path} was compiled for CUDA and this machine has no CUDA GPU")
+        if self.device.type == "cuda":  # the package's convolutions call cuDNN through ATen: time algorithms once
+            torch.backends.cudnn.benchmark = True
         loader = os.environ.get("YOLOV9_AOTI_LOADER", "runner")
         if loader not in ("package", "runner"):
             raise ValueError(f"YOLOV9_AOTI_LOADER must be 'runner' or 'package', not {loader!r}")

@@ -25,7 +25,9 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="yolov9", help="model name in the repository")
     p.add_argument("--max-batch", type=int, default=64, help="Triton max_batch_size")
     p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
-    p.add_argument("--instances", type=int, default=1, help="model instances")
+    p.add_argument(
+        "--instances", type=int, default=1, help="model instances (processes; 4 served the most on one H200, see docs)"
+    )
     p.add_argument("--kind", default="auto", choices=["auto", "gpu", "cpu"], help="instance kind")
     p.add_argument("--max-det", type=int, default=100, help="detections per image (fixed output size)")
     p.add_argument("--img", type=int, default=None, help="inference size (default: the engine's)")

@@ -202,6 +202,22 @@ def test_inductor_option_flags_parse_as_python_literals():
         _inductor_configs(["max_autotune"])
 
 
+def test_cuda_packages_default_to_frozen_channels_last():
+    import torch._inductor.config as inductor_config
+
+    from export.aoti import CUDA_DEFAULTS, inductor_options
+
+    # both keys must still be Inductor options in this torch (a rename would silently drop the speed-up)
+    assert all(hasattr(inductor_config, k) for k in CUDA_DEFAULTS)
+    assert inductor_options("cuda:0") == {"freezing": True, "force_layout_optimization": True}
+    assert inductor_options("cuda", {"freezing": False, "max_autotune": True}) == {
+        "freezing": False,
+        "force_layout_optimization": True,
+        "max_autotune": True,
+    }
+    assert inductor_options("cpu") == {} and inductor_options("cpu", {"freezing": True}) == {"freezing": True}
+
+
 @requires_cuda
 def test_aoti_cuda_fp16_matches_fp32(trained_tiny, tmp_path, coco128):
     from export.aoti import export_aoti
