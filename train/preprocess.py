@@ -106,11 +106,17 @@ def letterbox(img: torch.Tensor, size: int, stride: int = 32, auto: bool = False
     needed to map boxes back."""
     h, w = img.shape[-2:]
     r, (nh, nw), (pl, pt), (oh, ow) = letterbox_params(h, w, size, stride, auto)
-    if (nh, nw) != (h, w):
-        img = F.interpolate(img[None].float(), size=(nh, nw), mode="bilinear", align_corners=False)[0]
-        img = img.round().clamp(0, 255).to(torch.uint8)
+    img = resize_uint8(img[None], (nh, nw))[0]
     img = F.pad(img, (pl, ow - nw - pl, pt, oh - nh - pt), value=PAD_VALUE)
     return img, LetterboxMeta((h, w), r, (pl, pt))
+
+
+def resize_uint8(batch: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """uint8 (B, 3, H, W) -> uint8 (B, 3, h, w), bilinear (no-op when the size already matches)."""
+    if tuple(batch.shape[-2:]) == tuple(hw):
+        return batch
+    out = F.interpolate(batch.float(), size=hw, mode="bilinear", align_corners=False)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def to_input(batch_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -119,9 +125,21 @@ def to_input(batch_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> t
 
 
 def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.device = "cpu"):
-    """Letterbox a list of decoded images into one uint8 batch on `device`."""
-    boxed, metas = zip(*(letterbox(im.to(device), size) for im in images)) if images else ((), ())
-    return torch.stack(boxed), list(metas)
+    """Letterbox a list of decoded images into one uint8 (B, 3, size, size) batch on `device`, as letterbox()
+    would one by one. Images of one size share one resize call: a serving batch of 64 photos has a handful of
+    sizes, so this launches a few kernels per size instead of several per image."""
+    out = torch.full((len(images), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
+    metas: list = [None] * len(images)
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for k, im in enumerate(images):
+        by_size.setdefault(tuple(im.shape[-2:]), []).append(k)
+    for (h, w), idx in by_size.items():
+        r, (nh, nw), (pl, pt), _ = letterbox_params(h, w, size)
+        group = resize_uint8(torch.stack([images[k].to(device) for k in idx]), (nh, nw))
+        out[torch.tensor(idx, device=device), :, pt : pt + nh, pl : pl + nw] = group
+        for k in idx:
+            metas[k] = LetterboxMeta((h, w), r, (pl, pt))
+    return out, metas
 
 
 def postprocess(

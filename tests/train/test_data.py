@@ -176,3 +176,18 @@ def test_decode_images_keeps_going_past_bad_ones(coco128):
     assert out[0].shape[0] == 3 and out[0].dtype == torch.uint8 and torch.equal(out[0], out[3])
     assert isinstance(out[1], ImageError)
     assert isinstance(out[2], ImageError)  # truncated: refused, not half-decoded
+
+
+def test_prepare_batch_equals_letterbox_image_by_image():
+    from train.preprocess import decode_image, letterbox, prepare_batch
+
+    shipped = [decode_image(f) for f in sorted((Path(__file__).parents[2] / "assets" / "images").glob("*.jpg"))]
+    # repeated sizes (one resize per size), an exact fit, an upscale, a tall and a wide crop
+    images = shipped + shipped[:1] + [shipped[0][:, :160, :160], shipped[0][:, :320, :320], shipped[-1][:, :, :90]]
+    images += [shipped[-1][:, :70, :]]
+    batch, metas = prepare_batch(images, 320)
+    one_by_one = [letterbox(im, 320) for im in images]
+    assert batch.dtype == torch.uint8 and batch.shape == (len(images), 3, 320, 320)
+    assert torch.equal(batch, torch.stack([b for b, _ in one_by_one]))
+    assert metas == [m for _, m in one_by_one]
+    assert prepare_batch([], 320)[0].shape == (0, 3, 320, 320)
