@@ -1,10 +1,16 @@
 """`yolov9 bench detector`: the whole serving computation of one Triton batch (decode, letterbox, engine, NMS)
 on real encoded images, per batch size, with the time split by stage. No server: this is the ceiling the
-python-backend model can reach per instance."""
+python-backend model can reach per instance. With --procs K, K processes (as K Triton instances are) run it at
+once and the row gives their combined rate; --mps runs them under a CUDA MPS daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing as mp
+import os
+import queue
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +21,8 @@ from serve.loadtest import load_images
 
 
 def bench_detector(args) -> list[dict]:
+    if args.procs > 1 or args.mps:
+        return _bench_processes(args)
     blobs = load_images(args.images)
     batches = [int(b) for b in args.batches.split(",")]
     det = Detector(
@@ -43,3 +51,81 @@ def bench_detector(args) -> list[dict]:
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def _bench_processes(args) -> list[dict]:
+    """K processes, each with its own Detector, start each batch size together after a barrier; images/s is the
+    work of all K over the slowest one's time."""
+    from serve.mps import MpsDaemon
+
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    with MpsDaemon() if args.mps else contextlib.nullcontext() as mps:
+        if mps is not None:  # children inherit the environment: they find the daemon when they open CUDA
+            os.environ.update(mps.env)
+        ctx = mp.get_context("spawn")  # each child opens CUDA itself, as a Triton instance does
+        barrier, results = ctx.Barrier(args.procs), ctx.Queue()
+        procs = [ctx.Process(target=_child, args=(args, batches, barrier, results)) for _ in range(args.procs)]
+        for p in procs:
+            p.start()
+        per_child = []
+        while len(per_child) < len(procs):
+            try:
+                per_child.append(results.get(timeout=1))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:  # a crashed child never reports: stop the rest instead of waiting at their barrier
+                    for p in procs:
+                        p.terminate()
+                    raise RuntimeError(f"bench detector --procs: a process exited with code {dead[0]}") from None
+        for p in procs:
+            p.join()
+        if mps is not None:
+            for key in mps.env:
+                os.environ.pop(key, None)
+    for b in batches:
+        done = [c[b] for c in per_child]
+        if any(isinstance(d, str) for d in done):
+            raise RuntimeError(
+                f"bench detector --procs: a process failed: {next(d for d in done if isinstance(d, str))}"
+            )
+        row = {
+            "engine": args.engine,
+            "procs": args.procs,
+            "mps": args.mps,
+            "batch": b,
+            "images_per_s": round(args.procs * args.iters * b / max(done), 1),
+        }
+        print(json.dumps(row))
+        rows.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _child(args, batches: list[int], barrier, results) -> None:
+    out: dict[int, float | str] = {}
+    try:
+        blobs = load_images(args.images)
+        det = Detector(
+            args.engine,
+            device=args.device,
+            img_size=args.img,
+            cuda_graphs=not args.no_cuda_graphs,
+            max_batch=max(batches),
+        )
+        det.warmup()
+    except Exception as e:  # the others still meet at the barriers; the parent reports the failure
+        det, out = None, {b: str(e).splitlines()[0] for b in batches}
+    for b in batches:
+        reqs = [Request(blobs[(os.getpid() + i) % len(blobs)], conf=args.conf) for i in range(b)] if det else []
+        for _ in range(args.warmup if det else 0):
+            det(reqs)
+        barrier.wait()
+        if det is None:
+            continue
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            det(reqs)  # each call ends in a device-to-host copy of the detections: it is synchronous
+        out[b] = time.perf_counter() - t0
+    results.put(out)

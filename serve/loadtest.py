@@ -49,7 +49,9 @@ def _error_kind(status: int | None, exc: BaseException | None) -> str:
 
 
 async def _run_step(step: Step, images: list[bytes], t_start: float, share: float) -> list[tuple]:
-    """Samples (start time, latency s, error kind or '') from this process's share of the load."""
+    """Samples (start time, latency s, error kind or '', backend s or None) from this process's share of the load.
+    The backend time is the gateway's own `latency_ms` (its wait on Triton): it tells whether a slow response
+    was slow inside Triton or in front of it."""
     samples: list[tuple] = []
     end = t_start + step.warmup + step.duration
     budget = int(step.requests * share) if step.requests else None
@@ -61,10 +63,12 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
         session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=step.timeout))
         url = f"{step.url.rstrip('/')}/v1/detect?conf={step.conf}"
 
-        async def send(data: bytes) -> str:
+        async def send(data: bytes) -> tuple[str, float | None]:
             async with session.post(url, data=data, headers={"Content-Type": "image/jpeg"}) as r:
-                await r.read()
-                return "" if r.status == 200 else _error_kind(r.status, None)
+                body = await r.read()
+                if r.status != 200:
+                    return _error_kind(r.status, None), None
+                return "", json.loads(body)["latency_ms"] / 1000
 
         async def close():
             await session.close()
@@ -73,14 +77,14 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
 
         client = grpcclient.InferenceServerClient(step.url)
 
-        async def send(data: bytes) -> str:
+        async def send(data: bytes) -> tuple[str, float | None]:
             arr = np.frombuffer(data, dtype=np.uint8)[None]
             inp = grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")
             inp.set_data_from_numpy(arr)
             conf = grpcclient.InferInput("CONF", [1, 1], "FP32")
             conf.set_data_from_numpy(np.array([[step.conf]], np.float32))
             await client.infer(step.model, [inp, conf], client_timeout=step.timeout)
-            return ""
+            return "", None
 
         async def close():
             await client.close()
@@ -88,10 +92,10 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
     async def one(k: int) -> None:
         t0 = time.perf_counter()
         try:
-            kind = await send(images[k % len(images)])
+            kind, backend = await send(images[k % len(images)])
         except Exception as e:  # every failure is counted by kind, none stops the run
-            kind = _error_kind(None, e)
-        samples.append((t0, time.perf_counter() - t0, kind))
+            kind, backend = _error_kind(None, e), None
+        samples.append((t0, time.perf_counter() - t0, kind, backend))
 
     def more() -> bool:
         return time.perf_counter() < end and (budget is None or counter[0] < budget)
@@ -148,14 +152,15 @@ def scrape_triton(url: str | None) -> dict[str, float]:
 
 def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float, wall: float) -> dict:
     kept = [s for s in samples if s[0] >= t_start + warmup]
-    ok = np.array([lat for _, lat, kind in kept if not kind]) * 1000
+    ok = np.array([lat for _, lat, kind, _ in kept if not kind]) * 1000
+    backend = np.array([b for _, _, kind, b in kept if not kind and b is not None]) * 1000
     errors: dict[str, int] = {}
-    for _, _, kind in kept:
+    for _, _, kind, _ in kept:
         if kind:
             errors[kind] = errors.get(kind, 0) + 1
     span = (max(s[0] + s[1] for s in kept) - min(s[0] for s in kept)) if kept else 0.0
     pct = (lambda q: round(float(np.percentile(ok, q)), 2)) if len(ok) else (lambda q: None)
-    return {
+    row = {
         "requests": len(kept),
         "ok": int(len(ok)),
         "errors": errors,
@@ -168,6 +173,10 @@ def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float,
         "max_ms": round(float(ok.max()), 2) if len(ok) else None,
         "client_cpu_pct": round(100 * cpu_s / wall, 1) if wall else None,
     }
+    if len(backend):  # gateway target: the part of each latency spent waiting on Triton, as the gateway saw it
+        row["backend_p50_ms"] = round(float(np.percentile(backend, 50)), 2)
+        row["backend_p99_ms"] = round(float(np.percentile(backend, 99)), 2)
+    return row
 
 
 def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str | None = None) -> dict:
@@ -216,9 +225,10 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
 def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "steps": rows}, indent=1))
-    keys = [k for k in rows[0] if k != "errors"] + ["errors"]
+    # the union of the steps' columns: a step may lack the optional ones (Triton metrics, backend times)
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k != "errors"] + ["errors"]
     with open(out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+        w = csv.DictWriter(f, fieldnames=keys, restval="")
         w.writeheader()
         for r in rows:
             w.writerow({**r, "errors": json.dumps(r["errors"])})

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from serve.mps import MpsDaemon
 from serve.processes import ManagedProcess
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -86,11 +87,13 @@ class TritonServer(ManagedProcess):
         host: str = "127.0.0.1",
         log_file: str | Path | None = None,
         extra_args: list[str] | None = None,
+        mps: bool = False,
     ):
         super().__init__()
         self.repo, self.host = Path(repo).resolve(), host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_file, self.extra_args = log_file, extra_args or []
+        self.mps: MpsDaemon | None = MpsDaemon() if mps else None
 
     @property
     def grpc_url(self) -> str:
@@ -109,6 +112,8 @@ class TritonServer(ManagedProcess):
         env = {**os.environ, **env_extra}
         # the python-backend stub must import this project (editable install or not) and its dependencies
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
+        if self.mps is not None:  # before Triton: the model instances must find the daemon when they open CUDA
+            env.update(self.mps.start().env)
         cmd = [
             str(binary),
             f"--model-repository={self.repo}",
@@ -126,8 +131,22 @@ class TritonServer(ManagedProcess):
         ]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.wait_ready(timeout, model)
+        try:
+            self.wait_ready(timeout, model)
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def stop(self) -> None:
+        super().stop()
+        if self.mps is not None:
+            self.mps.stop()
+
+    def kill(self) -> None:
+        super().kill()
+        if self.mps is not None:
+            self.mps.stop()
 
     def ready(self, model: str | None = None) -> bool:
         url = f"{self.http_url}/v2/models/{model}/ready" if model else f"{self.http_url}/v2/health/ready"

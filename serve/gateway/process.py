@@ -50,24 +50,15 @@ class GatewayProcess(ManagedProcess):
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "serve.gateway.app:app",
-            "--factory",
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--workers",
-            str(self.workers),
-            "--log-level",
-            "warning",
-            "--timeout-graceful-shutdown",
-            "5",
-            "--no-access-log",
-        ]
+        from serve.gateway import workers
+
+        if self.workers > 1 and workers.supported():  # one SO_REUSEPORT socket per worker: even connection spread
+            cmd = [sys.executable, "-m", "serve.gateway.workers", "--workers", str(self.workers)]
+            cmd += ["--host", self.host, "--port", str(self.port), "--log-level", "warning"]
+        else:
+            cmd = [sys.executable, "-m", "uvicorn", workers.APP, "--factory", "--host", self.host]
+            cmd += ["--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
+            cmd += ["--timeout-graceful-shutdown", "5", "--no-access-log"]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout

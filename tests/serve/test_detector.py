@@ -38,3 +38,19 @@ def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
     rows = json.loads(out.read_text())
     assert [r["batch"] for r in rows] == [1, 3] and all(r["images_per_s"] > 0 for r in rows)
     assert set(rows[0]["stage_share"]) == {"decode", "letterbox", "engine", "nms"}
+
+
+def test_bench_detector_in_several_processes(trained_tiny, coco128, tmp_path):
+    import json
+
+    from train.cli import main
+
+    out = tmp_path / "procs.json"
+    images = coco128 / "images" / "train2017"
+    args = ["bench", "detector", str(trained_tiny), "--images", str(images), "--img", "160", "--device", "cpu"]
+    assert main([*args, "--procs", "2", "--batches", "2", "--iters", "2", "--warmup", "1", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["procs"] == 2 and row["batch"] == 2 and row["images_per_s"] > 0 and row["mps"] is False
+    # a process that cannot start (no such engine) is reported, not waited for
+    bad = ["bench", "detector", str(tmp_path / "missing.pt"), "--images", str(images), "--device", "cpu"]
+    assert main([*bad, "--procs", "2", "--batches", "2", "--iters", "1"]) == 2
