@@ -268,7 +268,12 @@ def register(sub, bench) -> None:
     s.add_argument("--concurrency", default="1,8,32", help="comma list: closed-loop sweep steps")
     s.add_argument("--rate", type=float, default=None, help="open-loop requests/s instead of a concurrency sweep")
     s.add_argument("--duration", type=float, default=10.0, help="seconds per step (after warm-up)")
-    s.add_argument("--requests", type=int, default=None, help="stop a step after this many requests")
+    s.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="stop a step after this many measured requests (warm-up ones not counted)",
+    )
     s.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per step, not counted")
     s.add_argument("--procs", type=int, default=1, help="client processes sharing the load")
     s.add_argument("--model", default="yolov9", help="Triton model name (target triton)")

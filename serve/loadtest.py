@@ -97,8 +97,19 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
             kind, backend = _error_kind(None, e), None
         samples.append((t0, time.perf_counter() - t0, kind, backend))
 
+    measured = [0]
+
     def more() -> bool:
-        return time.perf_counter() < end and (budget is None or counter[0] < budget)
+        """Whether to send one more request; the --requests cap counts measured ones only (a fast server must
+        not spend it all in the warm-up)."""
+        now = time.perf_counter()
+        if now >= end:
+            return False
+        if budget is not None and now >= t_start + step.warmup:
+            if measured[0] >= budget:
+                return False
+            measured[0] += 1
+        return True
 
     while time.perf_counter() < t_start:
         await asyncio.sleep(0.001)

@@ -14,13 +14,10 @@ import torchvision
 from PIL import Image
 
 from train.boxes import letterbox_params, nms_flat, scale_boxes_back
+from train.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size
 
 PAD_VALUE = 114
-MAX_PIXELS = 64_000_000  # decompression-bomb guard: refuse images that declare more pixels than this
-
-
-class ImageError(ValueError):
-    """An input that is not a decodable image; the message is one line."""
+__all__ = ["MAX_PIXELS", "ImageError", "detections_to_json", "image_size"]  # re-exported: one definition
 
 
 @dataclass
@@ -28,23 +25,6 @@ class LetterboxMeta:
     orig_hw: tuple[int, int]
     ratio: float
     pad: tuple[float, float]  # left, top
-
-
-def image_size(data: bytes) -> tuple[int, int]:
-    """(height, width) from the header alone, so oversized images are refused before decoding."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            w, h = im.size
-            fmt = im.format
-    except Image.DecompressionBombError:
-        raise ImageError(f"image declares more pixels than the limit of {MAX_PIXELS:,}") from None
-    except Exception:
-        raise ImageError("not a decodable image (unknown format or corrupt header)") from None
-    if fmt not in ("JPEG", "PNG", "BMP", "WEBP", "GIF", "TIFF", "MPO"):
-        raise ImageError(f"unsupported image format {fmt}")
-    if w * h > MAX_PIXELS:
-        raise ImageError(f"image declares {w}x{h} pixels, over the limit of {MAX_PIXELS:,}")
-    return h, w
 
 
 def decode_image(data: bytes | Path | str, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -158,18 +138,3 @@ def postprocess(
     per_det = per_image.reshape(-1, 5)[owner]
     boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
     return list(torch.cat((boxes, det[:, 4:]), 1).split(counts))
-
-
-def detections_to_json(det: torch.Tensor, names: list[str]) -> list[dict]:
-    out = []
-    for x1, y1, x2, y2, s, c in det.tolist():
-        c = int(c)
-        out.append(
-            {
-                "box": [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)],
-                "score": round(s, 5),
-                "class_id": c,
-                "class_name": names[c] if c < len(names) else str(c),
-            }
-        )
-    return out

@@ -7,6 +7,7 @@ API-key auth, YOLOV9_API_KEY (clients send it as the X-API-Key header)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import secrets
 import time
@@ -19,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from serve.gateway import metrics
 from serve.gateway.backend import BackendError, TritonPool
-from train.preprocess import ImageError, detections_to_json, image_size
+from train.image_io import ImageError, detections_to_json, image_size
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
 
@@ -118,6 +119,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.pool = TritonPool(settings.triton_urls, settings.model, settings.timeout_s)
         app.state.in_flight = 0
+        # what exists now lives as long as the worker: keep it out of the collector's full passes, which would
+        # otherwise walk all of it while every request in flight on this worker waits
+        gc.collect()
+        gc.freeze()
         yield
         await app.state.pool.close()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import subprocess
+import sys
 import time
 import zlib
 
@@ -177,3 +179,14 @@ def test_triton_down_gives_503_then_recovers(triton, gateway, coco128):
         time.sleep(0.1)
     assert codes[-4:] == [200] * 4, codes
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
+
+
+def test_gateway_app_does_not_load_torch():
+    # a worker carrying torch's objects paused each in-flight request for a full garbage-collection pass over them
+    code = (
+        "import sys; from serve.gateway.app import create_app; create_app(); "
+        "print(sorted({'torch', 'torchvision'} & set(sys.modules)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

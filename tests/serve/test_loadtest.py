@@ -48,6 +48,7 @@ def test_sweep_against_gateway(gateway, triton, tmp_path):
     assert [s["concurrency"] for s in steps] == [1, 4]
     for s in steps:
         assert s["errors"] == {} and s["ok"] > 0 and s["images_per_s"] > 0
+        assert s["requests"] <= 60  # --requests caps the measured requests (warm-up ones not counted)
         assert s["p50_ms"] <= s["p99_ms"] <= s["max_ms"]
         assert s["client_cpu_pct"] is not None
         assert s["triton_avg_batch"] >= 1.0 and s["triton_compute_ms"] > 0
@@ -58,7 +59,7 @@ def test_sweep_against_gateway(gateway, triton, tmp_path):
 def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
     res = _run_loadtest(tmp_path, "triton", triton.grpc_url, ["--procs", "2"])
     for s in res["steps"]:
-        assert s["errors"] == {} and s["ok"] > 0 and s["procs"] == 2
+        assert s["errors"] == {} and 0 < s["ok"] <= 60 and s["procs"] == 2
         assert "backend_p50_ms" not in s  # only the gateway reports its wait on Triton
     # --plot draws saved results on one chart and sends nothing
     (tmp_path / "again.json").write_text((tmp_path / "triton.json").read_text())
