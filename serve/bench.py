@@ -37,6 +37,10 @@ def bench_detector(args) -> list[dict]:
         for _ in range(max(args.iters // 4, 1)):  # a separate, synchronised pass for the split
             det(reqs, timings=stages)
         total = sum(stages.values())
+        # NMS work grows with the boxes over the threshold: candidates before NMS, detections after
+        _, _, _, pred = det.predict(reqs)
+        candidates = (pred[:, 4:].amax(1) > args.conf).sum(1).float().mean().item()
+        detections = sum(r[1] for r in det(reqs) if not isinstance(r, Exception)) / b
         row = {
             "engine": args.engine,
             "kind": det.engine.kind + ("+graphs" if det.buckets else ""),
@@ -44,6 +48,8 @@ def bench_detector(args) -> list[dict]:
             "images_per_s": round(b / el, 1),
             "ms_per_batch": round(el * 1000, 2),
             "stage_share": {k: round(v / total, 3) for k, v in stages.items()},
+            "candidates_per_image": round(candidates, 1),
+            "detections_per_image": round(detections, 2),
             "device": torch.cuda.get_device_name() if det.device.type == "cuda" else "cpu",
         }
         print(json.dumps(row))

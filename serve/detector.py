@@ -69,6 +69,22 @@ class Detector:
             x = torch.cat((x, x.new_zeros((bucket - n, *x.shape[1:]))))
         return self.run(x)[:n]
 
+    def predict(self, requests: list[Request], lap: _Stopwatch | None = None):
+        """Decode, letterbox and run the engine on the decodable images: (per request its decoded image or its
+        ImageError, indices of the decodable requests, their letterbox metas, raw predictions (B, 4 + nc, A))."""
+        lap = lap or _Stopwatch(None, self.device)
+        results: list = decode_images([r.data for r in requests], self.device)
+        lap("decode")
+        ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
+        if not ok:
+            return results, ok, [], None
+        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device)
+        x = to_input(batch, self.engine.dtype)
+        lap("letterbox")
+        pred = self._infer(x)
+        lap("engine")
+        return results, ok, metas, pred
+
     def __call__(
         self, requests: list[Request], timings: dict[str, float] | None = None
     ) -> list[tuple[torch.Tensor, int] | ImageError]:
@@ -78,16 +94,9 @@ class Detector:
         The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value.
         `timings` (benchmarks only: it synchronises the GPU) accumulates seconds per stage."""
         lap = _Stopwatch(timings, self.device)
-        results: list = decode_images([r.data for r in requests], self.device)
-        lap("decode")
-        ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
+        results, ok, metas, pred = self.predict(requests, lap)
         if not ok:
             return results
-        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device)
-        x = to_input(batch, self.engine.dtype)
-        lap("letterbox")
-        pred = self._infer(x)
-        lap("engine")
         out = torch.zeros(len(ok), self.max_det, 6, device=self.device)
         counts = [0] * len(ok)
         for iou in sorted({requests[k].iou for k in ok}):

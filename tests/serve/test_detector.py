@@ -34,10 +34,12 @@ def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
     out = tmp_path / "det.json"
     images = coco128 / "images" / "train2017"
     args = ["bench", "detector", str(trained_tiny), "--images", str(images), "--img", "160", "--device", "cpu"]
-    assert main([*args, "--batches", "1,3", "--iters", "2", "--warmup", "1", "--out", str(out)]) == 0
+    assert main([*args, "--batches", "1,3", "--iters", "2", "--warmup", "1", "--conf", "0.05", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["batch"] for r in rows] == [1, 3] and all(r["images_per_s"] > 0 for r in rows)
     assert set(rows[0]["stage_share"]) == {"decode", "letterbox", "engine", "nms"}
+    for r in rows:  # every detection was a candidate over the threshold before NMS
+        assert 0 < r["detections_per_image"] <= r["candidates_per_image"]
 
 
 def test_bench_detector_in_several_processes(trained_tiny, coco128, tmp_path):
