@@ -14,10 +14,9 @@ import torchvision
 from PIL import Image
 
 from train.boxes import letterbox_params, nms_flat, scale_boxes_back
-from train.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size
+from train.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size  # noqa: F401 (defined there)
 
 PAD_VALUE = 114
-__all__ = ["MAX_PIXELS", "ImageError", "detections_to_json", "image_size"]  # re-exported: one definition
 
 
 @dataclass
