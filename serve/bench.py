@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import queue
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -21,26 +22,42 @@ from serve.loadtest import load_images
 
 
 def bench_detector(args) -> list[dict]:
-    if args.procs > 1 or args.mps:
-        return _bench_processes(args)
-    blobs = load_images(args.images)
     batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    for row in _bench_processes(args, batches) if args.procs > 1 or args.mps else _bench_one(args, batches):
+        print(json.dumps(row))  # each batch size as it finishes
+        rows.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _detector(args, batches: list[int]) -> Detector:
     det = Detector(
         args.engine, device=args.device, img_size=args.img, cuda_graphs=not args.no_cuda_graphs, max_batch=max(batches)
     )
     det.warmup()
-    rows = []
+    return det
+
+
+def _requests(args, blobs: list[bytes], b: int, offset: int = 0) -> list[Request]:
+    return [Request(blobs[(offset + i) % len(blobs)], conf=args.conf) for i in range(b)]
+
+
+def _bench_one(args, batches: list[int]) -> Iterator[dict]:
+    blobs = load_images(args.images)
+    det = _detector(args, batches)
     for b in batches:
-        reqs = [Request(blobs[i % len(blobs)], conf=args.conf) for i in range(b)]
+        reqs = _requests(args, blobs, b)
         el = seconds_per_call(det, reqs, args.warmup, args.iters, det.device)
         stages: dict[str, float] = {}
         for _ in range(max(args.iters // 4, 1)):  # a separate, synchronised pass for the split
-            det(reqs, timings=stages)
+            results = det(reqs, timings=stages)
         total = sum(stages.values())
         # NMS work grows with the boxes over the threshold: candidates before NMS, detections after
         _, _, _, pred = det.predict(reqs)
         candidates = (pred[:, 4:].amax(1) > args.conf).sum(1).float().mean().item()
-        detections = sum(r[1] for r in det(reqs) if not isinstance(r, Exception)) / b
+        detections = sum(r[1] for r in results if not isinstance(r, Exception)) / b
         row = {
             "engine": args.engine,
             "kind": det.engine.kind + ("+graphs" if det.buckets else ""),
@@ -52,19 +69,14 @@ def bench_detector(args) -> list[dict]:
             "detections_per_image": round(detections, 2),
             "device": torch.cuda.get_device_name() if det.device.type == "cuda" else "cpu",
         }
-        print(json.dumps(row))
-        rows.append(row)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
-    return rows
+        yield row
 
 
-def _bench_processes(args) -> list[dict]:
+def _bench_processes(args, batches: list[int]) -> list[dict]:
     """K processes, each with its own Detector, start each batch size together after a barrier; images/s is the
     work of all K over the slowest one's time."""
     from serve.mps import MpsDaemon
 
-    batches = [int(b) for b in args.batches.split(",")]
     rows = []
     with MpsDaemon() if args.mps else contextlib.nullcontext() as mps:
         if mps is not None:  # children inherit the environment: they find the daemon when they open CUDA
@@ -102,10 +114,7 @@ def _bench_processes(args) -> list[dict]:
             "batch": b,
             "images_per_s": round(args.procs * args.iters * b / max(done), 1),
         }
-        print(json.dumps(row))
         rows.append(row)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -113,18 +122,11 @@ def _child(args, batches: list[int], barrier, results) -> None:
     out: dict[int, float | str] = {}
     try:
         blobs = load_images(args.images)
-        det = Detector(
-            args.engine,
-            device=args.device,
-            img_size=args.img,
-            cuda_graphs=not args.no_cuda_graphs,
-            max_batch=max(batches),
-        )
-        det.warmup()
+        det = _detector(args, batches)
     except Exception as e:  # the others still meet at the barriers; the parent reports the failure
         det, out = None, {b: str(e).splitlines()[0] for b in batches}
     for b in batches:
-        reqs = [Request(blobs[(os.getpid() + i) % len(blobs)], conf=args.conf) for i in range(b)] if det else []
+        reqs = _requests(args, blobs, b, offset=os.getpid()) if det else []
         for _ in range(args.warmup if det else 0):
             det(reqs)
         barrier.wait()

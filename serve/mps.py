@@ -39,17 +39,21 @@ class MpsDaemon:
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
         self.control: str | None = None
 
-    def _run(self, stdin: str | None = None, timeout: float = 15.0) -> subprocess.CompletedProcess:
-        cmd = [self.control or find_control()] + ([] if stdin is not None else ["-d"])
+    def _run(self, *args: str, stdin: str | None = None, timeout: float = 15.0) -> subprocess.CompletedProcess:
         return subprocess.run(
-            cmd, input=stdin, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=timeout
+            [self.control or find_control(), *args],
+            input=stdin,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def start(self, timeout: float = 10.0) -> MpsDaemon:
         self.control = find_control()
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
-        r = self._run()
+        r = self._run("-d")  # daemonises and returns
         if r.returncode != 0:
             raise MpsError(f"nvidia-cuda-mps-control -d failed: {(r.stderr or r.stdout).strip() or r.returncode}")
         deadline = time.time() + timeout

@@ -74,7 +74,7 @@ def supervise(host: str, port: int, workers: int, log_level: str = "warning") ->
         return p, time.monotonic()
 
     procs = [start(s) for s in socks]
-    quick_deaths = 0
+    quick_deaths, gave_up = 0, False
     while not stopping:
         time.sleep(0.5)
         for i, (p, started) in enumerate(procs):
@@ -85,7 +85,7 @@ def supervise(host: str, port: int, workers: int, log_level: str = "warning") ->
             quick_deaths = quick_deaths + 1 if time.monotonic() - started < 5 else 0
             if quick_deaths > 2 * workers:
                 print(f"gateway workers keep exiting (last code {p.exitcode}); giving up", file=sys.stderr)
-                stopping = True
+                stopping = gave_up = True
                 break
             print(f"gateway worker {p.pid} exited with code {p.exitcode}; restarting it", file=sys.stderr)
             procs[i] = start(socks[i])
@@ -98,7 +98,7 @@ def supervise(host: str, port: int, workers: int, log_level: str = "warning") ->
             p.kill()
             p.join()
         _mark_dead(p.pid)
-    return 1 if quick_deaths > 2 * workers else 0
+    return 1 if gave_up else 0
 
 
 def _mark_dead(pid: int | None) -> None:
