@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from export.engine import CudaGraphEngine, load_engine
-from train.preprocess import ImageError, decode_images, postprocess, prepare_batch, to_input
+from train.preprocess import ImageError, decode_images, postprocess_flat, prepare_batch, to_input
 
 
 @dataclass
@@ -102,17 +102,21 @@ class Detector:
         for iou in sorted({requests[k].iou for k in ok}):
             rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
             reqs = [requests[ok[j]] for j in rows]
-            dets = postprocess(
-                pred[rows],
+            det, owner, n = postprocess_flat(
+                pred[rows] if len(rows) < len(ok) else pred,
                 [metas[j] for j in rows],
                 [r.conf for r in reqs],
                 iou,
                 [min(r.max_det, self.max_det) for r in reqs],
                 [r.classes for r in reqs],
             )
-            for j, det in zip(rows, dets):
-                out[j, : len(det)] = det
-                counts[j] = len(det)
+            # every detection to (its image's row, its rank within the image) in one scatter, not a copy per image
+            per_image = torch.tensor(n, device=self.device)
+            first = per_image.cumsum(0) - per_image
+            rank = torch.arange(len(owner), device=self.device) - first[owner]
+            out[torch.tensor(rows, device=self.device)[owner], rank] = det
+            for j, c in zip(rows, n):
+                counts[j] = c
         out = out.cpu()  # one copy for the whole batch: responses leave through host memory anyway
         for j, k in enumerate(ok):
             results[k] = (out[j], counts[j])

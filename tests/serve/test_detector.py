@@ -26,6 +26,31 @@ def test_cuda_graph_buckets_match_eager(trained_tiny, coco128):
         torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1e-2)
 
 
+def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, coco128):
+    """One dynamic batch mixes requests with their own conf, IoU, max_det and classes (two IoU groups here):
+    each gets exactly what it gets when sent alone, including a bad image in the middle."""
+    blobs = [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:5]]
+    reqs = [
+        Request(blobs[0], conf=0.05),
+        Request(blobs[1], conf=0.05, iou=0.7, max_det=2),
+        Request(b"not an image"),
+        Request(blobs[2], conf=0.2, classes=[0]),
+        Request(blobs[3], conf=0.05, iou=0.7),
+        Request(blobs[4], conf=0.05, max_det=1),
+    ]
+    det = Detector(str(trained_tiny), device="cpu", img_size=160, max_det=50)
+    batched = det(reqs)
+    assert isinstance(batched[2], Exception)
+    assert sum(res[1] for k, res in enumerate(batched) if k != 2) > 3  # detections to compare, not all empty
+    for k, r in enumerate(reqs):
+        if k == 2:
+            continue
+        ((want, m),) = det([r])
+        got, n = batched[k]
+        assert n == m and n <= min(r.max_det, 50)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)  # padding rows stay zero too
+
+
 def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
     import json
 
