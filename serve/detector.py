@@ -102,7 +102,7 @@ class Detector:
         for iou in sorted({requests[k].iou for k in ok}):
             rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
             reqs = [requests[ok[j]] for j in rows]
-            det, owner, n = postprocess_flat(
+            det, owner, rank, n = postprocess_flat(
                 pred[rows] if len(rows) < len(ok) else pred,
                 [metas[j] for j in rows],
                 [r.conf for r in reqs],
@@ -111,9 +111,6 @@ class Detector:
                 [r.classes for r in reqs],
             )
             # every detection to (its image's row, its rank within the image) in one scatter, not a copy per image
-            per_image = torch.tensor(n, device=self.device)
-            first = per_image.cumsum(0) - per_image
-            rank = torch.arange(len(owner), device=self.device) - first[owner]
             out[torch.tensor(rows, device=self.device)[owner], rank] = det
             for j, c in zip(rows, n):
                 counts[j] = c

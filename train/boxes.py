@@ -102,7 +102,7 @@ def non_max_suppression(
     Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
     suppresses per (image, class) for the whole batch. conf, max_det and classes may be given per image (the
     server batches requests with different parameters)."""
-    det, _, counts = nms_flat(pred, conf, iou, max_det, classes, max_nms)
+    det, _, _, counts = nms_flat(pred, conf, iou, max_det, classes, max_nms)
     return list(det.split(counts))
 
 
@@ -113,10 +113,10 @@ def nms_flat(
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
     max_nms: int = 30000,
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """non_max_suppression() for the whole batch at once: all detections (N, 6) grouped by image (score order
-    within each), the image of each row (N,), and the rows per image. Two host synchronisations per batch
-    besides the NMS kernel's own, however many images."""
+    within each), the image of each row (N,), its rank within that image (N,), and the rows per image. Two host
+    synchronisations per batch besides the NMS kernel's own, however many images."""
     if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
         pred = pred[-1]
     b, nc = pred.shape[0], pred.shape[1] - 4
@@ -145,6 +145,6 @@ def nms_flat(
     counts = torch.bincount(owner, minlength=b)
     rank = torch.arange(len(owner), device=dev) - (counts.cumsum(0) - counts)[owner]
     sel = (rank < per_max[owner]).nonzero().squeeze(1)
-    keep, owner = keep[sel], owner[sel]
+    keep, owner, rank = keep[sel], owner[sel], rank[sel]
     det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
-    return det, owner, torch.minimum(counts, per_max).tolist()
+    return det, owner, rank, torch.minimum(counts, per_max).tolist()

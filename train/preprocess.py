@@ -130,7 +130,7 @@ def postprocess(
     classes: list[int] | list[list[int] | None] | None = None,
 ) -> list[torch.Tensor]:
     """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
-    det, _, counts = postprocess_flat(pred, metas, conf, iou, max_det, classes)
+    det, _, _, counts = postprocess_flat(pred, metas, conf, iou, max_det, classes)
     return list(det.split(counts))
 
 
@@ -141,12 +141,13 @@ def postprocess_flat(
     iou: float = 0.45,
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """postprocess() as nms_flat() returns it: all detections (N, 6) in original pixels grouped by image, the
-    image of each row and the rows per image; mapped back for the whole batch at once."""
-    det, owner, counts = nms_flat(pred, conf, iou, max_det, classes)
+    image of each row, its rank within that image and the rows per image; mapped back for the whole batch at
+    once."""
+    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes)
     # ratio, pad left/top, orig h/w per image: one host-to-device copy, then one row per detection
     per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
     per_det = per_image.reshape(-1, 5)[owner]
     boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
-    return torch.cat((boxes, det[:, 4:]), 1), owner, counts
+    return torch.cat((boxes, det[:, 4:]), 1), owner, rank, counts
