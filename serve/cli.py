@@ -27,11 +27,28 @@ def _add_triton_server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _batch_sizes(text: str) -> list[int]:
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers or 'none'") from None
+
+
 def _add_repo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default="model_repository", help="model repository folder")
     p.add_argument("--name", default="yolov9", help="model name in the repository")
     p.add_argument("--max-batch", type=int, default=64, help="Triton max_batch_size")
     p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
+    p.add_argument(
+        "--preferred-batch",
+        type=_batch_sizes,
+        default=None,
+        metavar="SIZES",
+        help="comma list of batch sizes Triton's batcher cuts batches at when it can, or 'none' to send whatever "
+        "is queued (default 4,8,16,32,64 up to --max-batch)",
+    )
     p.add_argument(
         "--instances",
         type=int,
@@ -56,6 +73,7 @@ def _build_repo(args: argparse.Namespace, engine: str) -> Path:
         args.repo,
         args.name,
         args.max_batch,
+        preferred=args.preferred_batch,
         queue_delay_us=args.queue_delay_us,
         instances=args.instances,
         kind=args.kind,

@@ -31,8 +31,10 @@ output [
 
 
 def _batching(preferred: list[int], queue_delay_us: int, max_queue: int) -> str:
+    # without preferred sizes Triton sends whatever is queued (up to max_batch) once an instance is free
+    sizes = f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n" if preferred else ""
     return (
-        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+        f"dynamic_batching {{\n{sizes}"
         f"  max_queue_delay_microseconds: {queue_delay_us}\n"
         f"  default_queue_policy {{ max_queue_size: {max_queue} }}\n}}"
     )
@@ -85,6 +87,10 @@ def build_repo(
     """Write `repo/name` (and the TensorRT-backend variant if asked); returns the model folder."""
     if not 100 <= queue_delay_us <= 2000:
         raise ValueError("--queue-delay-us should be 100-2000 (0.1-2 ms): longer adds latency, shorter loses batching")
+    if preferred is None:
+        preferred = [b for b in (4, 8, 16, 32, 64) if b <= max_batch]
+    if any(not 1 <= b <= max_batch for b in preferred):
+        raise ValueError(f"--preferred-batch sizes must lie in 1..{max_batch} (the max batch)")
     engine = Path(engine)
     if not engine.exists() and engine.suffix:
         raise FileNotFoundError(f"{engine}: no such engine file")
@@ -107,7 +113,6 @@ def build_repo(
 
         kind = "gpu" if torch.cuda.is_available() else "cpu"
     img_size = img_size or int(read_sidecar(engine).get("img_size", 640)) if engine.exists() else img_size or 640
-    preferred = preferred or [b for b in (4, 8, 16, 32, 64) if b <= max_batch]
     sample = next(iter(sorted((Path(__file__).resolve().parents[1] / "assets" / "images").glob("*.jpg"))), None)
     warm = ""
     if sample is not None:

@@ -9,6 +9,16 @@ def test_serve_subcommand_options_are_not_read_as_abbreviations():
     assert args.triton == "10.0.0.2:8001" and args.port == 9000
 
 
+def test_preferred_batch_flag_parses_lists_and_none(capsys):
+    parse = build_parser().parse_args
+    assert parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "8,16"]).preferred_batch == [8, 16]
+    assert parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "none"]).preferred_batch == []
+    assert parse(["serve", "build-repo", "--engine", "e.pt2"]).preferred_batch is None
+    with pytest.raises(SystemExit):
+        parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "8,x"])
+    assert "expected a comma list of integers or 'none'" in capsys.readouterr().err
+
+
 def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
 

@@ -44,6 +44,18 @@ def test_queue_delay_bounds(checkpoint, tmp_path):
         build_repo(checkpoint, tmp_path, queue_delay_us=5000)
 
 
+def test_preferred_batch_sizes(checkpoint, tmp_path):
+    """'none' drops the line (Triton then sends whatever is queued); a list is written as given; sizes above
+    the max batch are refused before anything in the repository is touched."""
+    none = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[]) / "config.pbtxt").read_text()
+    assert "preferred_batch_size" not in none and "max_queue_delay_microseconds" in none
+    cfg = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 16]) / "config.pbtxt").read_text()
+    assert "preferred_batch_size: [ 8, 16 ]" in cfg
+    with pytest.raises(ValueError, match="1..16"):
+        build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 32])
+    assert (tmp_path / "yolov9" / "config.pbtxt").read_text() == cfg
+
+
 def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_path, coco128):
     """The NGC ensemble's python stages, served for real (the tensorrt_plan stage needs TensorRT, absent here):
     pre -> local engine on its fp16 output -> post must give the python-backend model's detections."""
