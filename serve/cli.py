@@ -39,7 +39,13 @@ def _batch_sizes(text: str) -> list[int]:
 def _add_repo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", default="model_repository", help="model repository folder")
     p.add_argument("--name", default="yolov9", help="model name in the repository")
-    p.add_argument("--max-batch", type=int, default=64, help="Triton max_batch_size")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="Triton max_batch_size (default 32: on one H200 under MPS a batch of 64 took ~60 ms and set the p99; "
+        "capped at 32, Triton served 1-4%% more at a 3-10 ms lower p99, see docs/benchmarks.md)",
+    )
     p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
     p.add_argument(
         "--preferred-batch",

@@ -72,7 +72,7 @@ def build_repo(
     engine: str | Path,
     repo: str | Path = "model_repository",
     name: str = "yolov9",
-    max_batch: int = 64,
+    max_batch: int = 32,
     preferred: list[int] | None = None,
     queue_delay_us: int = 500,
     instances: int = 1,

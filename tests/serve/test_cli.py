@@ -13,7 +13,8 @@ def test_preferred_batch_flag_parses_lists_and_none(capsys):
     parse = build_parser().parse_args
     assert parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "8,16"]).preferred_batch == [8, 16]
     assert parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "none"]).preferred_batch == []
-    assert parse(["serve", "build-repo", "--engine", "e.pt2"]).preferred_batch is None
+    defaults = parse(["serve", "build-repo", "--engine", "e.pt2"])
+    assert defaults.preferred_batch is None and defaults.max_batch == 32
     with pytest.raises(SystemExit):
         parse(["serve", "build-repo", "--engine", "e.pt2", "--preferred-batch", "8,x"])
     assert "expected a comma list of integers or 'none'" in capsys.readouterr().err

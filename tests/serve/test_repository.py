@@ -45,8 +45,11 @@ def test_queue_delay_bounds(checkpoint, tmp_path):
 
 
 def test_preferred_batch_sizes(checkpoint, tmp_path):
-    """'none' drops the line (Triton then sends whatever is queued); a list is written as given; sizes above
-    the max batch are refused before anything in the repository is touched."""
+    """The default caps batches at 32 with preferred sizes up to it; 'none' drops the line (Triton then sends
+    whatever is queued); a list is written as given; sizes above the max batch are refused before anything in the
+    repository is touched."""
+    default = (build_repo(checkpoint, tmp_path) / "config.pbtxt").read_text()
+    assert "max_batch_size: 32" in default and "preferred_batch_size: [ 4, 8, 16, 32 ]" in default
     none = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[]) / "config.pbtxt").read_text()
     assert "preferred_batch_size" not in none and "max_queue_delay_microseconds" in none
     cfg = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 16]) / "config.pbtxt").read_text()
