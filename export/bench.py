@@ -8,8 +8,11 @@ from pathlib import Path
 
 import torch
 
-from export.engine import AOTIEngine, CudaGraphEngine, OnnxEngine, TorchEngine
-from train import load_model
+from core.checkpoint import load_model
+from export.aoti import AOTIEngine
+from export.cuda_graph import CudaGraphEngine
+from export.onnx_export import OnnxEngine
+from export.torch_engine import TorchEngine
 
 
 def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int, built: dict):

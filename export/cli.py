@@ -1,13 +1,14 @@
-"""Subcommands of the export side: `export onnx|aoti|trt`, `predict` and `bench engine`."""
+"""Subcommands of the export stage: `export onnx|aoti|trt`, `val` and `predict` (any engine) and `bench engine`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
-SAMPLES = Path(__file__).resolve().parents[1] / "assets" / "images"
+from core.paths import SAMPLE_IMAGES as SAMPLES
 
 
 def _inductor_configs(pairs: list[str]) -> dict:
@@ -25,14 +26,23 @@ def _inductor_configs(pairs: list[str]) -> dict:
     return out
 
 
+def _default_out(weights: str, suffix: str) -> Path:
+    """Beside the weights (where `--engine auto` looks), or in the working folder for a zoo name."""
+    p = Path(weights)
+    return p.with_suffix(suffix) if p.is_file() else Path(p.name).with_suffix(suffix)
+
+
 def _export(args: argparse.Namespace) -> None:
+    from export.engine import weights_meta
+
+    img = args.img or weights_meta(args.weights).img_size
     if args.format == "onnx":
         from export.onnx_export import export_onnx
 
         out = export_onnx(
             args.weights,
-            args.out or Path(args.weights).with_suffix(".onnx").name,
-            img=args.img,
+            args.out or _default_out(args.weights, ".onnx"),
+            img=img,
             half=args.half,
             dynamic_hw=args.dynamic_hw,
             end2end=args.end2end,
@@ -40,48 +50,51 @@ def _export(args: argparse.Namespace) -> None:
             iou=args.iou,
             max_det=args.max_det,
         )
-        _check_onnx(args.weights, out, args.img) if not args.end2end else None
+        _check_onnx(args.weights, out, img) if not args.end2end else None
     elif args.format == "aoti":
         from export.aoti import export_aoti
 
         out = export_aoti(
             args.weights,
-            args.out or Path(args.weights).with_suffix(".pt2").name,
-            img=args.img,
+            args.out or _default_out(args.weights, ".pt2"),
+            img=img,
             half=not args.fp32,
             device=args.device,
             max_batch=args.max_batch,
             inductor_configs=_inductor_configs(args.inductor),
         )
     else:
-        from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
-
-        import_tensorrt()  # fail in one line, before any work, when TensorRT is missing
-        src = Path(args.weights)
-        out = Path(args.out or src.with_suffix(".plan").name)
-        if src.suffix != ".onnx":
-            from export.onnx_export import export_onnx
-
-            src = export_onnx(
-                args.weights,
-                out.with_suffix(".onnx"),
-                img=args.img,
-                half=needs_fp16_onnx(),
-                end2end=args.end2end,
-                conf=args.conf,
-                iou=args.iou,
-                max_det=args.max_det,
-            )
-        build_engine(
-            src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache, fp16=True
-        )
-        if not args.end2end:
-            _compare_engines(out, src, args.img)
+        out = _export_trt(args, img)
     print(f"wrote {out}")
 
 
+def _export_trt(args: argparse.Namespace, img: int) -> Path:
+    from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
+
+    import_tensorrt()  # fail in one line, before any work, when TensorRT is missing
+    src = Path(args.weights)
+    out = Path(args.out or _default_out(args.weights, ".plan"))
+    if src.suffix != ".onnx":
+        from export.onnx_export import export_onnx
+
+        src = export_onnx(
+            args.weights,
+            out.with_suffix(".onnx"),
+            img=img,
+            half=needs_fp16_onnx(),
+            end2end=args.end2end,
+            conf=args.conf,
+            iou=args.iou,
+            max_det=args.max_det,
+        )
+    build_engine(src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache, fp16=True)
+    if not args.end2end:
+        _compare_engines(out, src, img)
+    return out
+
+
 def _sample_batch(img: int):
-    from train.preprocess import decode_image, prepare_batch, to_input
+    from core.preprocess import decode_image, prepare_batch, to_input
 
     images = [decode_image(p) for p in sorted(SAMPLES.glob("*.jpg"))]
     batch, _ = prepare_batch(images, img)
@@ -90,8 +103,9 @@ def _sample_batch(img: int):
 
 def _check_onnx(weights: str, onnx_path: Path, img: int) -> None:
     """ONNX Runtime against PyTorch on the shipped sample images."""
-    from export.engine import OnnxEngine, TorchEngine
-    from train import load_model
+    from core.checkpoint import load_model
+    from export.onnx_export import OnnxEngine
+    from export.torch_engine import TorchEngine
 
     x = _sample_batch(img)
     ref = TorchEngine(load_model(weights), "cpu")(x)
@@ -101,7 +115,7 @@ def _check_onnx(weights: str, onnx_path: Path, img: int) -> None:
 
 
 def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
-    from export.engine import OnnxEngine
+    from export.onnx_export import OnnxEngine
     from export.tensorrt import TensorRTEngine
 
     x = _sample_batch(img)
@@ -116,11 +130,12 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
+    from core.draw import draw_detections
+    from core.preprocess import ImageError, decode_image, detections_to_json, postprocess, prepare_batch, to_input
     from export.engine import engine_spec, load_engine
-    from train.draw import draw_detections
-    from train.preprocess import ImageError, decode_image, detections_to_json, postprocess, prepare_batch, to_input
 
     engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img)
+    print(f"engine {engine.kind} at {engine.img_size} px", file=sys.stderr)
     sources = [Path(s) for s in (args.source or [SAMPLES])]
     files = [
         f
@@ -148,6 +163,42 @@ def _predict(args: argparse.Namespace) -> None:
         print(f"annotated images in {out_dir}")
 
 
+def _val(args: argparse.Namespace) -> None:
+    from export.engine import engine_spec, load_engine
+    from train.data.dataset import DetectionDataset, build_loader
+    from train.data.formats import load_split, resolve_data
+    from train.validate import evaluate, format_table
+
+    spec = engine_spec(args.engine, args.weights)
+    engine = load_engine(spec, device=args.device, img_size=args.img, half=args.half)
+    data = args.data or _trained_on(args.weights or spec)
+    ds = DetectionDataset(load_split(resolve_data(data), args.split), engine.img_size, augment=False, desc="val")
+    print(ds.describe())
+    if len(ds.names) != len(engine.names):
+        print(
+            f"warning: the model has {len(engine.names)} classes and {data or 'the data'} has {len(ds.names)}: "
+            f"class ids are compared as they are",
+            file=sys.stderr,
+        )
+    loader = build_loader(ds, args.batch, args.workers, False)
+    res = evaluate(engine, loader, engine.device, engine.dtype, conf=args.conf, iou=args.iou)
+    print(format_table(res))
+    print(f"engine {engine.kind} at {engine.img_size} px: mAP50-95 {res['map']:.4f}  mAP50 {res['map50']:.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def _trained_on(weights: str) -> str | None:
+    """The dataset a checkpoint or engine records (None: the default data), said in one line."""
+    from export.engine import weights_meta
+
+    data = weights_meta(weights.removeprefix("auto:")).data
+    if data:
+        print(f"data: {data} (the dataset {Path(weights).name} was trained on; --data overrides)")
+    return data
+
+
 def _bench_engine(args: argparse.Namespace) -> None:
     from export.bench import bench_engines
 
@@ -158,13 +209,15 @@ def register(sub, bench) -> None:
     s = sub.add_parser(
         "export",
         help="export weights to ONNX, AOTInductor (.pt2) or TensorRT (.plan)",
-        description="Re-parameterize (YOLOv9 -> GELAN), fuse and export.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Re-parameterize (YOLOv9 -> GELAN), fuse and export. The engine and its metadata file "
+        "(class names, image size) land beside the weights, where `--engine auto` finds them.",
     )
     s.add_argument("format", choices=["onnx", "aoti", "trt"], help="onnx, aoti (AOTInductor .pt2) or trt (TensorRT)")
     s.add_argument("weights", help="checkpoint (official or ours) or zoo name; for trt also an .onnx file")
-    s.add_argument("-o", "--out", default=None, help="output file (default: weights name with the format's suffix)")
-    s.add_argument("--img", type=int, default=640, help="input image size")
+    s.add_argument(
+        "-o", "--out", default=None, help="output file (default: beside the weights, with the format's suffix)"
+    )
+    s.add_argument("--img", type=int, default=None, help="input image size (default: the size the weights trained at)")
     s.add_argument("--half", action="store_true", help="onnx: export in fp16")
     s.add_argument("--fp32", action="store_true", help="aoti: compile in fp32 instead of fp16")
     s.add_argument("--dynamic-hw", action="store_true", help="onnx: dynamic height and width too")
@@ -200,7 +253,7 @@ def register(sub, bench) -> None:
         default=None,
         help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
     )
-    s.add_argument("--img", type=int, default=640, help="inference size")
+    s.add_argument("--img", type=int, default=None, help="inference size (default: the engine's or checkpoint's)")
     s.add_argument("--conf", type=float, default=0.25, help="score threshold")
     s.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     s.add_argument("--max-det", type=int, default=300, help="detections per image")
@@ -209,6 +262,39 @@ def register(sub, bench) -> None:
     s.add_argument("--out", default="runs/predict", help="folder for annotated images")
     s.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="save annotated images")
     s.set_defaults(func=_predict)
+
+    s = sub.add_parser(
+        "val",
+        help="COCO mAP of weights or an engine on a dataset",
+        description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.",
+    )
+    s.add_argument("weights", nargs="?", default=None, help="checkpoint, zoo name, or engine file")
+    s.add_argument(
+        "--engine",
+        default=None,
+        help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
+    )
+    s.add_argument(
+        "--data",
+        default=None,
+        help="dataset, as for `yolov9 train` (default: the one the checkpoint or engine was trained on, else the "
+        "default data)",
+    )
+    s.add_argument("--split", default="val", choices=["train", "val"], help="dataset split")
+    s.add_argument("--img", type=int, default=None, help="image size (default: the engine's or checkpoint's)")
+    s.add_argument("--batch", type=int, default=32, help="batch size")
+    s.add_argument("--workers", type=int, default=4, help="loader worker processes")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument(
+        "--half",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PyTorch weights: fp16 (default on CUDA) or fp32 (--no-half)",
+    )
+    s.add_argument("--conf", type=float, default=0.001, help="score threshold before NMS")
+    s.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
+    s.add_argument("--out", default=None, help="write the metrics as JSON here")
+    s.set_defaults(func=_val)
 
     s = bench.add_parser(
         "engine",

@@ -8,7 +8,6 @@ End-to-end outputs: `num_dets` (B, 1) int64, `det_boxes` (B, max_det, 4) xyxy, `
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import onnx
@@ -16,10 +15,10 @@ import torch
 import torchvision
 from torch import nn
 
-from export.engine import deploy_model, sidecar_path
-from train import load_model
-from train.boxes import xywh2xyxy
-from train.model import DetectionModel
+from core.boxes import xywh2xyxy
+from core.checkpoint import weights_source
+from core.model import DetectionModel
+from export.metadata import EngineMeta
 
 OPSET = 17
 
@@ -46,7 +45,7 @@ class _NMS(torch.autograd.Function):
 
 class End2End(nn.Module):
     """Deployed model + best-class-per-anchor NMS per class + fixed-size outputs, matching
-    train.boxes.non_max_suppression."""
+    core.boxes.non_max_suppression."""
 
     def __init__(self, model: nn.Module, conf: float, iou: float, max_det: int):
         super().__init__()
@@ -92,9 +91,9 @@ def export_onnx(
     batch: int = 1,
 ) -> Path:
     out = Path(out)
-    src = weights if isinstance(weights, DetectionModel) else load_model(weights)
+    src, source, data = weights_source(weights)
     names = src.names
-    model = deploy_model(src)
+    model = src.deploy()
     strides = model.stride.tolist()
     dtype = torch.float16 if half else torch.float32
     model = model.to(dtype)
@@ -120,26 +119,56 @@ def export_onnx(
             dynamo=False,
             do_constant_folding=True,
         )
+    meta = EngineMeta(
+        names=list(names),
+        img_size=img,
+        strides=strides,
+        dtype="float16" if half else "float32",
+        end2end=end2end,
+        source=source,
+        data=data,
+        nms={"conf": conf, "iou": iou, "max_det": max_det} if end2end else None,
+        extra={"input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114", "outputs": outputs},
+    )
     proto = onnx.load(str(out))
-    meta = {
-        "names": json.dumps(names),
-        "img_size": str(img),
-        "strides": json.dumps(strides),
-        "end2end": "true" if end2end else "false",
-        "dtype": "float16" if half else "float32",
-        "input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114",
-        "conf": str(conf),
-        "iou": str(iou),
-        "max_det": str(max_det),
-    }
-    for k, v in meta.items():
+    for k, v in meta.to_props().items():
         proto.metadata_props.add(key=k, value=v)
     onnx.checker.check_model(proto)
     onnx.save(proto, str(out))
-    sidecar_path(out).write_text(
-        json.dumps(
-            {**{k: json.loads(v) if k in ("names", "strides") else v for k, v in meta.items()}, "outputs": outputs},
-            indent=1,
-        )
-    )
+    meta.write(out)
     return out
+
+
+class OnnxEngine:
+    kind = "onnx"
+
+    def __init__(self, path: str | Path, threads: int | None = None, allow_end2end: bool = False):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's errors are long; the first line names the cause
+            raise ValueError(f"{path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[0][:200]})") from None
+        self.meta = EngineMeta.from_props(self.session.get_modelmeta().custom_metadata_map, path)
+        if self.meta.end2end and not allow_end2end:
+            raise ValueError(
+                f"{path}: an end-to-end ONNX (NMS inside, fixed-size outputs) cannot be scored or post-processed "
+                f"here; export without --end2end for val, predict and serve"
+            )
+        self.names, self.img_size, self.end2end = self.meta.names, self.meta.img_size, self.meta.end2end
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.dtype = torch.float16 if "float16" in inp.type else torch.float32
+        self.device = torch.device("cpu")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.end2end:
+            raise TypeError("this ONNX file has NMS inside (end-to-end); use it with run_end2end()")
+        out = self.session.run(None, {self.input_name: x.detach().cpu().to(self.dtype).numpy()})
+        return torch.from_numpy(out[0]).float()
+
+    def run_end2end(self, x: torch.Tensor) -> list:
+        return [torch.from_numpy(o) for o in self.session.run(None, {self.input_name: x.cpu().to(self.dtype).numpy()})]

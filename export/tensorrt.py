@@ -7,13 +7,12 @@ strongly typed, so precision comes from the graph, and we build from an fp16 ONN
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from export.engine import read_sidecar, sidecar_path
+from export.metadata import EngineMeta
 
 INSTALL_HINT = (
     "TensorRT is not installed: pip install tensorrt --extra-index-url https://pypi.nvidia.com "
@@ -80,50 +79,33 @@ def build_engine(
     out.write_bytes(bytes(plan))  # the raw plan, as Triton's tensorrt_plan backend expects it
     if cache_path:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
-    onnx_meta = read_sidecar(onnx_path)
-    io = [
-        {
-            "name": network.get_input(i).name,
-            "shape": list(network.get_input(i).shape),
-            "dtype": str(network.get_input(i).dtype),
-        }
-        for i in range(network.num_inputs)
-    ]
-    io += [
-        {
-            "name": network.get_output(i).name,
-            "shape": list(network.get_output(i).shape),
-            "dtype": str(network.get_output(i).dtype),
-        }
-        for i in range(network.num_outputs)
-    ]
+    io = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
+    io += [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
     props = torch.cuda.get_device_properties(0)
-    sidecar_path(out).write_text(
-        json.dumps(
-            {
-                "names": onnx_meta.get("names", []),
-                "img_size": int(onnx_meta.get("img_size", h)),
-                "strides": onnx_meta.get("strides"),
-                "end2end": onnx_meta.get("end2end", "false"),
-                "io": io,
-                "tensorrt": trt.__version__,
-                "gpu": props.name,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "build": {
-                    "fp16": fp16,
-                    "strongly_typed": strongly,
-                    "min_batch": min_batch,
-                    "opt_batch": opt_batch,
-                    "max_batch": max_batch,
-                    "workspace_gib": workspace_gib,
-                    "seconds": round(time.time() - t0, 1),
-                    "onnx": onnx_path.name,
-                },
-            },
-            indent=1,
-        )
-    )
+    meta = EngineMeta.read(onnx_path)
+    meta.device = "cuda"  # the input dtype stays that of the ONNX graph
+    meta.extra = {
+        "io": io,
+        "tensorrt": trt.__version__,
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "build": {
+            "fp16": fp16,
+            "strongly_typed": strongly,
+            "min_batch": min_batch,
+            "opt_batch": opt_batch,
+            "max_batch": max_batch,
+            "workspace_gib": workspace_gib,
+            "seconds": round(time.time() - t0, 1),
+            "onnx": onnx_path.name,
+        },
+    }
+    meta.write(out)
     return out
+
+
+def _tensor_info(t) -> dict:
+    return {"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype)}
 
 
 class TensorRTEngine:
@@ -135,8 +117,8 @@ class TensorRTEngine:
         trt = import_tensorrt()
         self.trt = trt
         path = Path(path)
-        meta = read_sidecar(path)
-        self.names, self.img_size = meta.get("names", []), int(meta.get("img_size", 640))
+        self.meta = EngineMeta.read(path)
+        self.names, self.img_size = self.meta.names, self.meta.img_size
         self.device = torch.device("cuda")
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(path.read_bytes())

@@ -4,14 +4,13 @@ and `loadtest`."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-SAMPLES = Path(__file__).resolve().parents[1] / "assets" / "images"
+from core.paths import SAMPLE_IMAGES as SAMPLES
+
+REPO = "model_repository"
 
 
 def _add_triton_server_args(p: argparse.ArgumentParser) -> None:
@@ -37,7 +36,7 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def _add_repo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", default="model_repository", help="model repository folder")
+    p.add_argument("--repo", default=REPO, help="model repository folder")
     p.add_argument("--name", default="yolov9", help="model name in the repository")
     p.add_argument(
         "--max-batch",
@@ -71,14 +70,10 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _build_repo(args: argparse.Namespace, engine: str) -> Path:
-    from serve.repository import build_repo
-
-    return build_repo(
-        engine,
-        args.repo,
-        args.name,
-        args.max_batch,
+def _repo_options(args: argparse.Namespace) -> dict:
+    """The build_repo keywords the repository options describe."""
+    return dict(
+        max_batch=args.max_batch,
         preferred=args.preferred_batch,
         queue_delay_us=args.queue_delay_us,
         instances=args.instances,
@@ -91,7 +86,9 @@ def _build_repo(args: argparse.Namespace, engine: str) -> Path:
 
 
 def _cmd_build_repo(args: argparse.Namespace) -> None:
-    d = _build_repo(args, args.engine)
+    from serve.repository import build_repo
+
+    d = build_repo(args.engine, args.repo, args.name, **_repo_options(args))
     print(f"wrote {d}")
 
 
@@ -153,59 +150,31 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> None:
     """Triton and the gateway together on the given weights or engine."""
-    from serve.gateway.process import GatewayProcess
+    from serve.stack import ServingStack, StackConfig, serve_once
 
     if not args.weights:
         raise ValueError("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
-    if args.repo == "model_repository" and args.once:
-        args.repo = tempfile.mkdtemp(prefix="yolov9-repo-")
-    _build_repo(args, args.weights)
-    log_dir = Path(tempfile.mkdtemp(prefix="yolov9-serve-"))
-    srv = _triton_server(args, log_dir / "triton.log")
-    srv.start(args.timeout, model=args.name)
-    gw = GatewayProcess([srv.grpc_url], args.host, args.port, args.workers, args.name, log_file=log_dir / "gateway.log")
-    try:
-        gw.start()
-        print(f"serving {args.weights}: gateway {gw.url} (docs {gw.url}/docs), Triton gRPC {srv.grpc_url}")
-        if args.once:
-            sample = sorted(SAMPLES.glob("*.jpg"))[0]
-            req = urllib.request.Request(
-                f"{gw.url}/v1/detect?conf={args.conf}",
-                data=sample.read_bytes(),
-                headers={"Content-Type": "image/jpeg"},
-                method="POST",
-            )
-            with urllib.request.urlopen(req, timeout=60) as r:
-                body = json.loads(r.read())
-            n = len(body["detections"])
-            print(f"POST /v1/detect?conf={args.conf} {sample.name} -> {n} detections in {body['latency_ms']} ms")
-            print(json.dumps(body["detections"][:10], indent=1))
-            return body
-        else:
-            _wait_forever(srv, gw)
-    finally:
-        gw.stop()
-        srv.stop()
-
-
-def serve_once(
-    weights: str,
-    port: int = 8080,
-    img: int | None = None,
-    conf: float = 0.25,
-    triton_ports: tuple[int, int, int] = (8000, 8001, 8002),
-    repo: str = "model_repository",
-) -> dict:
-    """Build a repository for `weights`, start Triton and the gateway, answer one request, stop."""
-    from train.cli import build_parser
-
-    http, grpc, metrics = triton_ports
-    args = build_parser().parse_args(
-        ["serve", "--weights", str(weights), "--once", "--port", str(port), "--conf", str(conf), "--repo", repo]
-        + ["--triton-http-port", str(http), "--triton-grpc-port", str(grpc), "--triton-metrics-port", str(metrics)]
-        + (["--img", str(img)] if img else [])
+    ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
+    if args.once:
+        serve_once(args.weights, args.port, args.img, args.conf, ports, None if args.repo == REPO else args.repo)
+        return
+    cfg = StackConfig(
+        args.weights,
+        args.repo,
+        args.name,
+        args.host,
+        args.port,
+        args.workers,
+        ports,
+        args.mps,
+        args.timeout,
+        _repo_options(args),
     )
-    return _cmd_serve(args)
+    with ServingStack(cfg) as stack:
+        print(
+            f"serving {args.weights}: gateway {stack.url} (docs {stack.url}/docs), Triton gRPC {stack.triton.grpc_url}"
+        )
+        _wait_forever(stack.triton, stack.gateway)
 
 
 def _loadtest(args: argparse.Namespace) -> None:
@@ -253,7 +222,7 @@ def register(sub, bench) -> None:
     p.set_defaults(func=_cmd_build_repo)
 
     p = ss.add_parser("triton", help="start Triton on the repository and wait until the model is ready")
-    p.add_argument("--repo", default="model_repository", help="model repository folder")
+    p.add_argument("--repo", default=REPO, help="model repository folder")
     p.add_argument("--name", default="yolov9", help="model to wait for")
     p.add_argument("--host", default="127.0.0.1", help="bind address")
     p.add_argument("--log", default=None, help="write Triton's log here")

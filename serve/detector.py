@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from export.engine import CudaGraphEngine, load_engine
-from train.preprocess import ImageError, decode_images, postprocess_flat, prepare_batch, to_input
+from core.preprocess import ImageError, decode_images, postprocess_flat, prepare_batch, to_input
+from export.cuda_graph import CudaGraphEngine
+from export.engine import load_engine
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Detector:
         engine_path: str,
         device: str = "auto",
         max_det: int = 100,
-        img_size: int = 640,
+        img_size: int | None = None,
         cuda_graphs: bool = True,
         max_batch: int = 64,
     ):

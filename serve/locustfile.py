@@ -9,7 +9,9 @@ from pathlib import Path
 
 from locust import HttpUser, between, task
 
-_FOLDER = Path(os.environ.get("YOLOV9_LOADTEST_IMAGES", Path(__file__).resolve().parents[1] / "assets" / "images"))
+from core.paths import SAMPLE_IMAGES
+
+_FOLDER = Path(os.environ.get("YOLOV9_LOADTEST_IMAGES", SAMPLE_IMAGES))
 _IMAGES = [p.read_bytes() for p in sorted(_FOLDER.glob("*.jpg"))]
 _CYCLE = itertools.cycle(range(len(_IMAGES)))
 _CONF = os.environ.get("YOLOV9_LOADTEST_CONF", "0.25")

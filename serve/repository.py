@@ -12,7 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
-from export.engine import read_sidecar, sidecar_path
+from core.paths import sample_images
+from export.engine import weights_meta
+from export.metadata import EngineMeta
 
 TEMPLATE_DIR = Path(__file__).parent / "triton"
 
@@ -54,20 +56,6 @@ def _warmup(name: str, sample: Path) -> str:
     )
 
 
-def engine_names(engine: Path) -> list[str]:
-    """Class names of an engine file (sidecar), a checkpoint, or a zoo model (COCO)."""
-    names = read_sidecar(engine).get("names") if engine.exists() else None
-    if names:
-        return names
-    if engine.exists() and engine.suffix in (".pt", ".pth"):
-        from train.checkpoint import read_checkpoint
-
-        return read_checkpoint(engine)["names"]
-    from train.data.coco_names import COCO_NAMES
-
-    return COCO_NAMES
-
-
 def build_repo(
     engine: str | Path,
     repo: str | Path = "model_repository",
@@ -103,8 +91,8 @@ def build_repo(
     shutil.copy(TEMPLATE_DIR / "model.py", version / "model.py")
     if engine.exists() and copy_engine:
         shutil.copy(engine, version / engine.name)
-        if sidecar_path(engine).exists():
-            shutil.copy(sidecar_path(engine), version / sidecar_path(engine).name)
+        if EngineMeta.path_for(engine).exists():
+            shutil.copy(EngineMeta.path_for(engine), version / EngineMeta.path_for(engine).name)
         engine_ref = engine.name
     else:  # a zoo name or a path used in place
         engine_ref = str(engine.resolve()) if engine.exists() else str(engine)
@@ -112,8 +100,9 @@ def build_repo(
         import torch
 
         kind = "gpu" if torch.cuda.is_available() else "cpu"
-    img_size = img_size or int(read_sidecar(engine).get("img_size", 640)) if engine.exists() else img_size or 640
-    sample = next(iter(sorted((Path(__file__).resolve().parents[1] / "assets" / "images").glob("*.jpg"))), None)
+    meta = weights_meta(engine)  # the engine's own size and classes (a checkpoint's training size)
+    img_size = img_size or meta.img_size
+    sample = next(iter(sample_images()), None)
     warm = ""
     if sample is not None:
         (model_dir / "warmup").mkdir()
@@ -132,7 +121,7 @@ def build_repo(
                     "engine": engine_ref,
                     "max_det": max_det,
                     "img_size": img_size,
-                    "names": json.dumps(engine_names(engine)),
+                    "names": json.dumps(meta.names),
                     "cuda_graphs": int(cuda_graphs),
                 }
             ),

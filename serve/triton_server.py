@@ -2,11 +2,12 @@
 
 The binary is `$TRITONSERVER`, else `tritonserver` on PATH (NGC containers), else the one shipped in the
 nvidia-pytriton wheel (install it with `pip install --no-deps nvidia-pytriton`; it pins numpy<2, which we do not
-need since tensors cross the python backend through DLPack). The wheel keeps one python-backend stub per Python
-version, so we assemble a backend folder with the stub of the running interpreter."""
+need since tensors cross the python backend through DLPack). The wheel is located, never imported. It keeps one
+python-backend stub per Python version, so we assemble a backend folder with the stub of the running interpreter."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -17,10 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.paths import PACKAGE_ROOT
 from serve.mps import MpsDaemon
 from serve.processes import ManagedProcess
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 class TritonError(RuntimeError):
@@ -28,11 +28,12 @@ class TritonError(RuntimeError):
 
 
 def _pytriton_dir() -> Path | None:
-    try:
-        import pytriton
-    except ImportError:
+    """The server folder of the nvidia-pytriton wheel, found without importing pytriton: its __init__ needs
+    packages that `pip install --no-deps` leaves out."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(pytriton.__file__).parent / "tritonserver"
+    return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
 
 
 def find_server() -> tuple[Path, Path, dict]:
@@ -40,16 +41,23 @@ def find_server() -> tuple[Path, Path, dict]:
     env: dict[str, str] = {}
     if os.environ.get("TRITONSERVER"):
         binary = Path(os.environ["TRITONSERVER"])
+        if not binary.is_file():
+            raise TritonError(f"TRITONSERVER={binary}: no such file")
         backends = Path(os.environ.get("TRITON_BACKENDS", binary.parents[1] / "backends"))
         return binary, backends, env
     on_path = shutil.which("tritonserver")
     if on_path:
         return Path(on_path), Path(os.environ.get("TRITON_BACKENDS", "/opt/tritonserver/backends")), env
     root = _pytriton_dir()
-    if root is None or not (root / "bin" / "tritonserver").exists():
+    if root is None:
         raise TritonError(
             "no Triton server found: pip install --no-deps nvidia-pytriton (ships the server binary), "
             "set TRITONSERVER, or run inside an NGC Triton container"
+        )
+    if not (root / "bin" / "tritonserver").is_file():
+        raise TritonError(
+            f"nvidia-pytriton is installed but {root / 'bin' / 'tritonserver'} is missing (a partial or broken "
+            "install): pip install --force-reinstall --no-deps nvidia-pytriton"
         )
     binary = root / "bin" / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -111,7 +119,7 @@ class TritonServer(ManagedProcess):
         binary, backends, env_extra = find_server()
         env = {**os.environ, **env_extra}
         # the python-backend stub must import this project (editable install or not) and its dependencies
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]))
         if self.mps is not None:  # before Triton: the model instances must find the daemon when they open CUDA
             env.update(self.mps.start().env)
         cmd = [

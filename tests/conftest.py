@@ -1,4 +1,5 @@
-"""Shared fixtures: the reference data beside the checkout (../shared) and small helpers."""
+"""Shared fixtures: the shipped sample dataset (coco48), the official reference data beside the checkout
+(../shared/interop, the only data a test may skip for) and small helpers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("YOLOV9_SHARED", ROOT.parent / "shared"))
 INTEROP = SHARED / "interop"
-DATASETS = SHARED / "datasets"
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -28,13 +28,64 @@ def interop() -> Path:
 
 
 @pytest.fixture(scope="session")
-def coco128() -> Path:
-    return need(DATASETS / "coco128")
+def coco48() -> Path:
+    """The dataset shipped inside the package: 48 coco128 images, YOLO labels, one background image."""
+    from core.paths import SHIPPED_DATASET, SHIPPED_DATASETS
+
+    return SHIPPED_DATASETS / SHIPPED_DATASET
+
+
+# the category ids of COCO's 80 classes in its annotation files (1-90 with gaps)
+COCO_IDS = [
+    *range(1, 12),
+    *range(13, 26),
+    27,
+    28,
+    *range(31, 45),
+    *range(46, 66),
+    67,
+    70,
+    *range(72, 83),
+    *range(84, 91),
+]
 
 
 @pytest.fixture(scope="session")
-def tiny_coco() -> Path:
-    return need(DATASETS / "tiny_coco_val")
+def coco_json(coco48, tmp_path_factory) -> Path:
+    """coco48 written as a COCO instances JSON beside its images (val2017/), with COCO's sparse category ids
+    (1-90) and one crowd box, as the official annotation files have."""
+    import json
+
+    from PIL import Image
+
+    from core.coco_names import COCO_NAMES
+
+    root = tmp_path_factory.mktemp("coco")
+    (root / "annotations").mkdir()
+    (root / "val2017").symlink_to(coco48 / "images", target_is_directory=True)
+    images, anns = [], []
+    for k, img in enumerate(sorted((coco48 / "images").glob("*.jpg"))):
+        w, h = Image.open(img).size
+        images.append({"id": k + 1, "file_name": img.name, "width": w, "height": h})
+        lab = coco48 / "labels" / f"{img.stem}.txt"
+        for row in lab.read_text().split("\n") if lab.exists() else []:
+            if row.strip():
+                c, x, y, bw, bh = map(float, row.split())
+                box = [(x - bw / 2) * w, (y - bh / 2) * h, bw * w, bh * h]
+                anns.append(
+                    {
+                        "id": len(anns) + 1,
+                        "image_id": k + 1,
+                        "category_id": COCO_IDS[int(c)],
+                        "bbox": box,
+                        "area": box[2] * box[3],
+                        "iscrowd": int(len(anns) == 0),
+                    }
+                )
+    cats = [{"id": i, "name": n} for i, n in zip(COCO_IDS, COCO_NAMES)]
+    out = root / "annotations" / "instances_val2017.json"
+    out.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
+    return out
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -45,16 +96,16 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 
 @pytest.fixture(scope="session")
-def tiny_subset(coco128, tmp_path_factory) -> Path:
-    """The first 16 coco128 images as a YOLO dataset folder (80 COCO classes)."""
+def tiny_subset(coco48, tmp_path_factory) -> Path:
+    """The first 16 coco48 images (those of coco128) as a YOLO dataset folder (80 COCO classes)."""
     import shutil
 
     root = tmp_path_factory.mktemp("tiny")
     (root / "images").mkdir()
     (root / "labels").mkdir()
-    for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:16]:
+    for img in sorted((coco48 / "images").glob("*.jpg"))[:16]:
         shutil.copy(img, root / "images" / img.name)
-        lab = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
+        lab = coco48 / "labels" / f"{img.stem}.txt"
         if lab.exists():
             shutil.copy(lab, root / "labels" / lab.name)
     return root

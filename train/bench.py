@@ -8,14 +8,14 @@ import time
 
 import torch
 
+from core.model import DetectionModel
 from train.data.augment import Hyp
 from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
-from train.model import DetectionModel
-from train.trainer import build_optimizer, forward_backward, optimizer_step, select_device
+from train.step import AMP_DTYPES, build_optimizer, forward_backward, optimizer_step, select_device
 
 
 class _UtilSampler(threading.Thread):
@@ -76,7 +76,7 @@ def bench_train(args) -> list[dict]:
 
 
 def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict:
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
+    dtype = AMP_DTYPES[amp]
     channels_last = args.channels_last and dev.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)

@@ -1,93 +1,184 @@
-"""The `yolov9` command: one entry point whose subcommands live with the package that does the work
-(train/ for models, training and validation; export/ for engines, prediction and inference benchmarks;
-serve/ for Triton, the gateway and load tests)."""
+"""Subcommands of the training stage: info, convert, train and `bench train`."""
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import os
-import sys
+from dataclasses import fields
+
+from train.trainer import TrainConfig
+
+_TRAIN_HELP = {
+    "data": "dataset: YOLO/COCO/VOC dataset YAML, COCO instances JSON, VOC or YOLO folder, or a dataset name "
+    "looked up in $YOLOV9_DATASETS, ../shared/datasets and ./datasets (default: coco128 there, else the shipped "
+    "coco48; README 'Datasets' explains the YAML)",
+    "cfg": "model config: zoo name (yolov9-t/s/m/c/e, gelan-t/s/m/c/e) or YAML path",
+    "weights": "start from this checkpoint (official or ours); a different class count re-initialises class outputs",
+    "img": "training and validation image size in pixels",
+    "epochs": "number of epochs",
+    "batch": "batch size; -1 picks the largest that fits the GPU",
+    "nbs": "nominal batch size: gradients accumulate to about this many images per optimizer step",
+    "accumulate": "override the accumulation steps computed from --nbs",
+    "amp": "mixed precision: bf16, fp16 (with a gradient scaler) or off",
+    "optimizer": "SGD (official recipe) or AdamW",
+    "cos_lr": "cosine LR schedule instead of linear",
+    "clip": "gradient-norm clipping threshold",
+    "close_mosaic": "turn mosaic off for the last N epochs",
+    "cache": "keep decoded, resized images in 'ram' or on 'disk'",
+    "workers": "data loader worker processes",
+    "device": "auto, cpu, or a CUDA index such as 0",
+    "seed": "random seed (data order and augmentation are a function of seed, epoch and index)",
+    "project": "folder of runs",
+    "name": "run name (runs/train/NAME; a number is appended if it exists)",
+    "exist_ok": "reuse the run folder if it exists",
+    "val": "validate during training (--no-val to skip)",
+    "val_interval": "validate every N epochs (and always at the end)",
+    "stop_after": "stop after N epochs of this run while keeping the --epochs schedule (continue with --resume)",
+    "resume": "continue a run exactly: its folder or its weights/last.pt",
+    "channels_last": "channels-last memory format on the GPU",
+    "cudnn_benchmark": "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen "
+    "algorithms, and so the last bits of the results, may differ between runs)",
+}
 
 
-def _quickstart(args: argparse.Namespace) -> None:
-    """The main job on embedded defaults: train on coco128, then serve the result and answer one request."""
-    import torch
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    for f in fields(TrainConfig):
+        if f.name == "hyp":
+            continue
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=_TRAIN_HELP[f.name])
+        else:
+            typ = (
+                int
+                if f.name
+                in (
+                    "img",
+                    "epochs",
+                    "batch",
+                    "nbs",
+                    "accumulate",
+                    "close_mosaic",
+                    "workers",
+                    "seed",
+                    "val_interval",
+                    "stop_after",
+                )
+                else float
+                if f.name == "clip"
+                else str
+            )
+            kw = {"choices": ["bf16", "fp16", "off"]} if f.name == "amp" else {}
+            kw = {"choices": ["ram", "disk"]} if f.name == "cache" else kw
+            p.add_argument(flag, type=typ, default=default, help=_TRAIN_HELP[f.name], **kw)
+    p.add_argument("--hyp", default=None, help="YAML of hyper-parameters overriding hyp.scratch-high defaults")
 
-    from serve.cli import serve_once
-    from train.trainer import TrainConfig, Trainer
 
-    gpu = torch.cuda.is_available()
-    cfg = TrainConfig(
-        data=args.data,
-        cfg="yolov9-s" if gpu else "gelan-t",
-        img=640 if gpu else 320,
-        epochs=args.epochs or (30 if gpu else 3),
-        batch=16,
-        workers=min(8, os.cpu_count() or 1),
-        close_mosaic=1,
-        name="quickstart",
-        cache="ram",
-    )
+def _config(args: argparse.Namespace) -> TrainConfig:
+    import yaml
+
+    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name != "hyp"}
+    hyp = yaml.safe_load(open(args.hyp)) if args.hyp else {}
+    return TrainConfig(**kw, hyp=hyp or {})
+
+
+def _train(args: argparse.Namespace) -> None:
+    from train.trainer import Trainer
+
+    summary = Trainer(_config(args)).fit()
+    last = summary.get("last", {})
     print(
-        f"quickstart: training {cfg.cfg} at {cfg.img} px for {cfg.epochs} epochs on {cfg.data} "
-        f"({'GPU' if gpu else 'CPU'})"
+        f"done: {summary['run_dir']}  mAP50-95 {last.get('map', float('nan')):.4f}  "
+        f"mAP50 {last.get('map50', float('nan')):.4f}  weights in {summary['run_dir']}/weights"
     )
-    run = Trainer(cfg).fit()["run_dir"]
-    if not gpu:  # three CPU epochs leave scores near 1e-4: ask that low so the answer shows the pipeline's boxes
-        print(
-            "note: a 3-epoch CPU model scores about 1e-4; the request below uses conf=0.0001. Train longer (on a "
-            "GPU) for real detections."
-        )
-    serve_once(f"{run}/weights/best.pt", port=args.port, img=cfg.img, conf=0.25 if gpu else 0.0001)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from export import cli as export_cli
-    from serve import cli as serve_cli
-    from train import commands as train_commands
+def _bench_train(args: argparse.Namespace) -> None:
+    from train.bench import bench_train
 
-    p = argparse.ArgumentParser(prog="yolov9", description="Train, export, serve and load-test YOLOv9 detectors.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench_train(args)
 
-    bench = sub.add_parser("bench", help="benchmarks (train step, inference engines, serving pipeline)").add_subparsers(
-        dest="bench", required=True, metavar="WHAT"
+
+def _info(args: argparse.Namespace) -> None:
+    from core.checkpoint import load_model
+
+    model = load_model(args.model)
+    if args.fuse:
+        model = model.reparameterize().fuse()
+    print(model.info(args.img))
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from core.checkpoint import convert, read_checkpoint
+
+    out = convert(args.src, args.out)
+    ck = read_checkpoint(out)
+    print(f"wrote {out} ({ck['cfg'].get('name')}, {len(ck['model'])} tensors, {len(ck['names'])} classes)")
+
+
+def register(sub, bench) -> None:
+    s = sub.add_parser(
+        "info",
+        help="print layers, parameters and GFLOPs of a model",
+        description="Print the layer table, parameter count and GFLOPs of a model.",
     )
-    q = sub.add_parser(
-        "quickstart",
-        help="train on coco128, then serve the model and answer one request",
-        description="The main job on embedded defaults: train (gelan-t at 320 px for 3 epochs on a "
-        "CPU, yolov9-s at 640 px for 30 epochs on a GPU), then start Triton and the "
-        "gateway on loopback, send one image, print the detections and stop.",
+    s.add_argument("model", help="checkpoint (official or ours), model YAML, or zoo name such as yolov9-s")
+    s.add_argument("--img", type=int, default=640, help="image size for the GFLOPs count (default 640)")
+    s.add_argument("--fuse", action="store_true", help="show the deployed form (re-parameterized and fused)")
+    s.set_defaults(func=_info)
+
+    s = sub.add_parser(
+        "convert",
+        help="official checkpoint -> this project's checkpoint format",
+        description="Read an official YOLOv9 release checkpoint without executing code from it and "
+        "write it in this project's format (tensors + JSON-able config).",
     )
-    q.add_argument(
-        "--data", default="coco128", help="dataset (default: coco128 from ../shared/datasets or $YOLOV9_DATASETS)"
+    s.add_argument("src", help="official .pt checkpoint (or one of ours)")
+    s.add_argument("out", help="output .pt path")
+    s.set_defaults(func=_convert)
+
+    s = sub.add_parser(
+        "train",
+        help="train a detector",
+        description="Train a YOLOv9/GELAN detector with AMP.",
     )
-    q.add_argument("--epochs", type=int, default=None, help="override the number of epochs")
-    q.add_argument("--port", type=int, default=8080, help="gateway port")
-    q.set_defaults(func=_quickstart)
-    train_commands.register(sub, bench)
-    export_cli.register(sub, bench)
-    serve_cli.register(sub, bench)
-    return p
+    _add_train_args(s)
+    s.set_defaults(func=_train)
 
-
-def main(argv: list[str] | None = None) -> int:
-    # a crash inside native code (an engine's runtime, a CUDA library) then names the Python call it came from
-    faulthandler.enable()
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        # user-facing errors (bad file, bad input, missing dependency) end in one line, not a traceback
-        if "YOLOV9_DEBUG" in os.environ:
-            raise
-        print(f"yolov9 {args.command}: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    s = bench.add_parser(
+        "train",
+        help="steady-state training throughput",
+        description="Time training steps on real data (no synthetic input): images/s, GPU busy %, "
+        "data-wait share and peak memory, for each --amp mode.",
+    )
+    s.add_argument("--cfg", default="yolov9-s", help="model config")
+    s.add_argument("--data", default=None, help="dataset (as for `yolov9 train`)")
+    s.add_argument("--img", type=int, default=640, help="image size")
+    s.add_argument("--batch", type=int, default=128, help="batch size")
+    s.add_argument("--amp", default="off,fp16,bf16", help="comma-separated AMP modes to measure")
+    s.add_argument("--steps", type=int, default=30, help="timed steps per mode")
+    s.add_argument("--warmup", type=int, default=10, help="untimed warm-up steps per mode")
+    s.add_argument("--workers", type=int, default=8, help="loader worker processes")
+    s.add_argument("--cache", default="ram", choices=["ram", "disk", "none"], help="image cache")
+    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    s.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="channels-last memory format on the GPU (as the trainer)",
+    )
+    s.add_argument(
+        "--cudnn-benchmark",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let cuDNN time its convolution algorithms (as the trainer)",
+    )
+    s.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="after timing, profile 3 steps: add operator calls and kernel launches per step to the results and "
+        "append the top-operator table to FILE",
+    )
+    s.add_argument("--out", default=None, help="write results as JSON here")
+    s.set_defaults(func=_bench_train)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from train.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
+from core.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
 
 GAINS = (7.5, 0.5, 1.5)  # box, cls, dfl: the constants of the official loss
 DUAL_HEAD_WEIGHTS = (0.25, 1.0)  # auxiliary, main

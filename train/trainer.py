@@ -1,6 +1,7 @@
-"""The trainer: AMP training loop with nominal-batch accumulation, warm-up, EMA, LR schedule, checkpoints
-and exact resume. The step keeps the GPU fed: uint8 batches cross the bus and are normalised on the device,
-targets arrive padded, and the only host synchronisation is one finiteness check per optimizer step."""
+"""The trainer: AMP training with nominal-batch accumulation, warm-up, EMA, LR schedule, checkpoints and exact
+resume. `Trainer.fit` is the run (set-up, then per epoch: `train_one_epoch`, validation, checkpoint, log row); the
+step keeps the GPU fed: uint8 batches cross the bus and are normalised on the device, targets arrive padded, and
+the only host synchronisation is one finiteness check per optimizer step (train/step.py)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,18 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from torch import nn
 from tqdm import tqdm
 
-from train.checkpoint import read_checkpoint, save_checkpoint
+from core.checkpoint import read_checkpoint, save_checkpoint
+from core.model import DetectionModel, load_cfg
 from train.data.augment import Hyp
 from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
-from train.model import DetectionModel, load_cfg
-from train.plots import plot_results
-from train.preprocess import to_input
+from train.run_log import RunLog
+from train.step import amp_dtype, build_optimizer, forward_backward, optimizer_step, select_device
 from train.validate import evaluate, format_table
 
 
@@ -34,7 +34,7 @@ from train.validate import evaluate, format_table
 class TrainConfig:
     """Every option of `yolov9 train`; the command line overrides these defaults."""
 
-    data: str = "coco128"
+    data: str | None = None
     cfg: str = "yolov9-s"
     weights: str | None = None
     img: int = 640
@@ -63,81 +63,6 @@ class TrainConfig:
     hyp: dict = field(default_factory=dict)
 
 
-def select_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.isdigit():
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {spec}: no CUDA GPU on this machine (use --device cpu)")
-        return torch.device(f"cuda:{spec}")
-    return torch.device(spec)
-
-
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float):
-    """Three groups as officially: biases (no decay), weights (decay), norm weights (no decay)."""
-    biases, weights, norms = [], [], []
-    for m in model.modules():
-        if isinstance(getattr(m, "bias", None), nn.Parameter):
-            biases.append(m.bias)
-        if isinstance(m, nn.BatchNorm2d):
-            norms.append(m.weight)
-        elif isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.requires_grad:
-            weights.append(m.weight)
-    if name == "SGD":
-        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
-    elif name == "AdamW":
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
-    else:
-        raise ValueError(f"--optimizer {name}: choose SGD or AdamW")
-    opt.add_param_group({"params": weights, "weight_decay": decay})
-    opt.add_param_group({"params": norms, "weight_decay": 0.0})
-    return opt
-
-
-def forward_backward(
-    model: nn.Module,
-    imgs: torch.Tensor,
-    targets: torch.Tensor,
-    loss_fn: DetectionLoss,
-    amp_dtype: torch.dtype | None,
-    scaler: torch.amp.GradScaler,
-    channels_last: bool = True,
-):
-    """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward.
-    Shared by the trainer, `bench train` and --batch -1, so what is timed is what trains."""
-    dev = next(model.parameters()).device
-    x = imgs.to(dev, non_blocking=True)
-    if channels_last and dev.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-        preds = model(to_input(x))
-    loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
-    scaler.scale(loss).backward()
-    return loss, items
-
-
-def optimizer_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    ema: ModelEMA | None,
-    clip: float,
-    loss: torch.Tensor,
-) -> bool:
-    """Unscale, clip, step, EMA; False (nothing applied) for a non-finite loss. The finiteness check is the one
-    host synchronisation of a training step. Shared by the trainer and `bench train`."""
-    ok = bool(torch.isfinite(loss))
-    if ok:
-        scaler.unscale_(optimizer)
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
-        scaler.step(optimizer)
-        scaler.update()
-        if ema is not None:
-            ema.update(model)
-    optimizer.zero_grad(set_to_none=True)
-    return ok
-
-
 def lr_lambda(epochs: int, lrf: float, cosine: bool):
     if cosine:
         return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
@@ -162,6 +87,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def new_run_dir(project: str, name: str, exist_ok: bool) -> Path:
+    """project/name (a number appended if taken), with `project/latest` pointing at it. Made only once training
+    starts, so a run that fails in its set-up leaves no folder and does not move `latest`."""
     base = Path(project) / name
     path, k = base, 2
     while path.exists() and not exist_ok:
@@ -174,69 +101,72 @@ def new_run_dir(project: str, name: str, exist_ok: bool) -> Path:
     return path
 
 
+def warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_scale: float, hyp: Hyp, accumulate: float) -> int:
+    """The official warm-up at step ni of nw: accumulation ramps from 1, the bias LR down from warmup_bias_lr and
+    the other LRs up from 0 to their scheduled values, momentum up from warmup_momentum. Returns the accumulation."""
+    xi = [0, nw]
+    for j, g in enumerate(optimizer.param_groups):
+        # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
+        g["lr"] = float(np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0, g["initial_lr"] * lr_scale]))
+        if "momentum" in g:
+            g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
+    return max(1, round(float(np.interp(ni, xi, [1, accumulate]))))
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.resume_state = None
         if cfg.resume:
-            ck_path = Path(cfg.resume)
-            if ck_path.is_dir():
-                ck_path = ck_path / "weights" / "last.pt"
-            self.resume_state = read_checkpoint(ck_path)
-            if "train" not in self.resume_state:
-                raise ValueError(
-                    f"{ck_path}: holds no training state to resume from (a final or converted "
-                    f"checkpoint); start a new run with --weights instead"
-                )
-            saved = dict(self.resume_state["train"]["config"])
-            saved.update(
-                resume=str(ck_path),
-                stop_after=cfg.stop_after,
-                exist_ok=True,
-                name=ck_path.parents[1].name,
-                project=str(ck_path.parents[2]),
-                device=cfg.device,
-                workers=cfg.workers,
-            )
-            cfg = TrainConfig(**saved)
+            cfg = self._resume_config(cfg)
         self.cfg = cfg
         self.device = select_device(cfg.device)
         self.hyp = Hyp(**cfg.hyp)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
-        self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[cfg.amp]
-        if self.device.type == "cpu" and cfg.amp == "fp16":
-            print("note: --amp fp16 is GPU-only; using bf16 autocast on the CPU")
-            self.amp_dtype = torch.bfloat16
-
+        self.amp_dtype = amp_dtype(cfg.amp, self.device)
         spec = resolve_data(cfg.data)
+        # what `val` without --data reads back from the checkpoint: a name, or an absolute path
+        self.data_name = (
+            str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
+        )
+        kw = dict(cache=cfg.cache, workers=cfg.workers)
         self.train_ds = DetectionDataset(
-            load_split(spec, "train"),
-            cfg.img,
-            augment=True,
-            hyp=self.hyp,
-            cache=cfg.cache,
-            seed=cfg.seed,
-            workers=cfg.workers,
-            desc="train",
+            load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp, seed=cfg.seed, desc="train", **kw
         )
-        self.val_ds = (
-            DetectionDataset(
-                load_split(spec, "val"), cfg.img, augment=False, cache=cfg.cache, workers=cfg.workers, desc="val"
-            )
-            if cfg.val
-            else None
-        )
+        self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, desc="val", **kw) if cfg.val else None
+        for ds in filter(None, (self.train_ds, self.val_ds)):
+            print(ds.describe())
         print(self.train_ds.problems.summary())
-        (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
         self.names = self.train_ds.names
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
         if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-        (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+        self.dir: Path | None = None
+
+    def _resume_config(self, cfg: TrainConfig) -> TrainConfig:
+        ck_path = Path(cfg.resume)
+        if ck_path.is_dir():
+            ck_path = ck_path / "weights" / "last.pt"
+        self.resume_state = read_checkpoint(ck_path)
+        if "train" not in self.resume_state:
+            raise ValueError(
+                f"{ck_path}: holds no training state to resume from (a final or converted "
+                f"checkpoint); start a new run with --weights instead"
+            )
+        saved = dict(self.resume_state["train"]["config"])
+        saved.update(
+            resume=str(ck_path),
+            stop_after=cfg.stop_after,
+            exist_ok=True,
+            name=ck_path.parents[1].name,
+            project=str(ck_path.parents[2]),
+            device=cfg.device,
+            workers=cfg.workers,
+        )
+        return TrainConfig(**saved)
 
     def _build_model(self) -> DetectionModel:
         nc = len(self.names)
@@ -282,176 +212,181 @@ class Trainer:
         print(f"--batch -1: using batch {batch} ({per / 2**20:.0f} MiB per image)")
         return batch
 
-    def fit(self) -> dict:
-        cfg, hyp, dev = self.cfg, self.hyp, self.device
-        model = self.model
-        batch = self.auto_batch() if cfg.batch == -1 else cfg.batch
-        loss_fn = DetectionLoss.for_model(model)
-        accumulate = cfg.accumulate or max(round(cfg.nbs / batch), 1)
-        decay = hyp.weight_decay * batch * accumulate / cfg.nbs
-        optimizer = build_optimizer(model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
-        lf = lr_lambda(cfg.epochs, hyp.lrf, cfg.cos_lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
-        scaler = torch.amp.GradScaler(dev.type, enabled=self.amp_dtype is torch.float16)
-        ema = ModelEMA(model)
-        start_epoch, best = 0, -1.0
-        if self.resume_state is not None:
-            st = self.resume_state["train"]
-            optimizer.load_state_dict(st["optimizer"])
-            scheduler.load_state_dict(st["scheduler"])
-            scaler.load_state_dict(st["scaler"])
-            ema.load_state_dict({"model": self.resume_state["model"], "updates": st["ema_updates"]})
-            start_epoch, best, batch = st["epoch"] + 1, st["best_fitness"], st["batch"]
-            accumulate = cfg.accumulate or max(round(cfg.nbs / batch), 1)
-            set_rng_state(st["rng"])
-            print(f"resuming from epoch {start_epoch} of {cfg.epochs}")
-
-        pin = dev.type == "cuda"
+    # --- set-up -----------------------------------------------------------------------------------------------
+    def _setup(self) -> int:
+        """Optimizer, schedule, scaler, EMA and loss (restored when resuming); returns the first epoch."""
+        cfg, hyp = self.cfg, self.hyp
+        self.batch = self.auto_batch() if cfg.batch == -1 else cfg.batch
+        self.loss_fn = DetectionLoss.for_model(self.model)
+        decay = hyp.weight_decay * self.batch * self._accumulate() / cfg.nbs
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
+        self.lf = lr_lambda(cfg.epochs, hyp.lrf, cfg.cos_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype is torch.float16)
+        self.ema = ModelEMA(self.model)
+        self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
-        loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin, start_epoch=start_epoch)
-        val_loader = build_loader(self.val_ds, batch * 2, cfg.workers, False, pin=pin) if self.val_ds else None
-        nb = len(loader)
-        nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
-        monitor = GpuMonitor(dev)
-        log_path = self.dir / "results.jsonl"
-        writer = _tensorboard(self.dir)
-        last_opt_step = -1
-        skipped = torch.zeros((), device=dev)
-        end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, start_epoch + cfg.stop_after)
-        epoch = start_epoch
-        summary = {}
-        it = iter(loader)  # one iterator for the whole run: workers prefetch across epoch boundaries
+        if self.resume_state is None:
+            return 0
+        st = self.resume_state["train"]
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        self.scaler.load_state_dict(st["scaler"])
+        self.ema.load_state_dict({"model": self.resume_state["model"], "updates": st["ema_updates"]})
+        self.best, self.batch = st["best_fitness"], st["batch"]
+        set_rng_state(st["rng"])
+        print(f"resuming from epoch {st['epoch'] + 1} of {cfg.epochs}")
+        return st["epoch"] + 1
+
+    def _accumulate(self) -> int:
+        return self.cfg.accumulate or max(round(self.cfg.nbs / self.batch), 1)
+
+    def _loader(self, start_epoch: int):
+        pin = self.device.type == "cuda"
+        return build_loader(
+            self.train_ds, self.batch, self.cfg.workers, True, self.cfg.seed, pin=pin, start_epoch=start_epoch
+        )
+
+    # --- the run ----------------------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        cfg = self.cfg
+        epoch = self._setup()
+        loader = self._loader(epoch)
+        val_loader = None
+        if self.val_ds is not None:
+            val_loader = build_loader(self.val_ds, self.batch * 2, cfg.workers, False, pin=self.device.type == "cuda")
+        self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+        (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+        (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
+        log, monitor, summary = RunLog(self.dir), GpuMonitor(self.device), {}
+        end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
+        batches = iter(loader)  # one iterator for the whole run: workers prefetch across epoch boundaries
         while epoch < end_epoch:
-            model.train()
-            mosaic_on = epoch < self.train_ds.mosaic_until
-            mloss = torch.zeros(3, device=dev)
-            optimizer.zero_grad(set_to_none=True)
-            t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
-            pbar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True)
             try:
-                for i in range(nb):
-                    t0 = time.perf_counter()
-                    imgs, _, targets, _, _ = next(it)
-                    t_wait += time.perf_counter() - t0
-                    ni = i + nb * epoch
-                    if ni <= nw:  # warm-up: accumulate, LR and momentum ramp in
-                        xi = [0, nw]
-                        accumulate = max(1, round(float(np.interp(ni, xi, [1, cfg.accumulate or cfg.nbs / batch]))))
-                        for j, g in enumerate(optimizer.param_groups):
-                            # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
-                            g["lr"] = float(
-                                np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0, g["initial_lr"] * lf(epoch)])
-                            )
-                            if "momentum" in g:
-                                g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
-                    loss, items = forward_backward(
-                        model, imgs, targets, loss_fn, self.amp_dtype, scaler, cfg.channels_last
-                    )
-                    mloss = (mloss * i + items) / (i + 1)
-                    seen += imgs.shape[0]
-                    if ni - last_opt_step >= accumulate:
-                        if not optimizer_step(model, optimizer, scaler, ema, cfg.clip, loss):
-                            skipped += 1
-                            tqdm.write(f"warning: non-finite loss at epoch {epoch + 1} step {i}; step skipped")
-                        last_opt_step = ni
-                    if i % 10 == 0 or i == nb - 1:
-                        el = time.perf_counter() - t_epoch
-                        b, c, d = mloss.tolist()
-                        pbar.set_postfix_str(
-                            f"box {b:.3f} cls {c:.3f} dfl {d:.3f} | {seen / el:.0f} img/s | "
-                            f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
-                        )
-                    pbar.update(1)
+                row = self.train_one_epoch(epoch, batches, len(loader), monitor)
             except torch.OutOfMemoryError:
-                pbar.close()
-                del it
-                optimizer.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                if batch == 1:
-                    raise
-                batch //= 2
-                tqdm.write(f"warning: CUDA out of memory; batch halved to {batch}, restarting epoch {epoch + 1}")
-                loader = build_loader(self.train_ds, batch, cfg.workers, True, cfg.seed, pin=pin, start_epoch=epoch)
-                nb = len(loader)
-                it = iter(loader)
+                del batches
+                loader = self._halve_batch(epoch)
+                batches = iter(loader)
                 continue
-            pbar.close()
-            scheduler.step()
-            el = time.perf_counter() - t_epoch
-            row = {
-                "epoch": epoch,
-                "box": mloss[0].item(),
-                "cls": mloss[1].item(),
-                "dfl": mloss[2].item(),
-                "lr": optimizer.param_groups[0]["lr"],
-                "images_per_s": seen / el,
-                "data_wait": t_wait / el,
-                "mosaic": mosaic_on and hyp.mosaic > 0,
-                "batch": batch,
-            }
-            final = epoch == cfg.epochs - 1
-            if val_loader is not None and ((epoch + 1) % cfg.val_interval == 0 or final or epoch == end_epoch - 1):
-                res = evaluate(ema.ema, val_loader, dev)
+            self.scheduler.step()
+            fitness = -1.0
+            if val_loader is not None and (
+                (epoch + 1) % cfg.val_interval == 0 or epoch in (cfg.epochs - 1, end_epoch - 1)
+            ):
+                res = evaluate(self.ema.ema, val_loader, self.device)
                 row.update(map=res["map"], map50=res["map50"])
                 fitness = 0.1 * res["map50"] + 0.9 * res["map"]
-                if final:
+                if epoch == cfg.epochs - 1:
                     (self.dir / "val_per_class.txt").write_text(format_table(res) + "\n")
                     summary["per_class"] = res["per_class"]
-            else:
-                fitness = -1.0
-            ckpt_train = {
-                "config": asdict(cfg),
-                "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "ema_updates": ema.updates,
-                "epoch": epoch,
-                "best_fitness": max(best, fitness),
-                "batch": batch,
-                "rng": rng_state(),
-            }
-            meta = {"epoch": epoch, "map": row.get("map"), "map50": row.get("map50"), "data": cfg.data}
-            save_checkpoint(self.dir / "weights" / "last.pt", ema.ema, meta, train=ckpt_train)
-            if fitness > best:
-                best = fitness
-                save_checkpoint(self.dir / "weights" / "best.pt", ema.ema, meta)
-            with open(log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            _write_csv(self.dir / "results.csv", row)
-            if writer:
-                for k, v in row.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        writer.add_scalar(k, v, epoch)
+            self._save(epoch, row, fitness)
+            log.write(row)
             tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
             epoch += 1
         if not (self.dir / "weights" / "best.pt").exists() and (self.dir / "weights" / "last.pt").exists():
-            save_checkpoint(self.dir / "weights" / "best.pt", ema.ema, {"epoch": epoch - 1})
-        plot_results(log_path, self.dir / "results.png")
-        if writer:
-            writer.close()
-        rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+            save_checkpoint(self.dir / "weights" / "best.pt", self.ema.ema, self._meta(epoch - 1, {}))
+        log.close()
+        rows = log.rows()
         summary.update(
             run_dir=str(self.dir),
             epochs=[r["epoch"] for r in rows],
             last=rows[-1] if rows else {},
-            skipped_steps=int(skipped.item()),
+            skipped_steps=int(self.skipped.item()),
             peak_memory_gib=monitor.peak_gib(),
         )
         return summary
 
+    def train_one_epoch(self, epoch: int, batches, nb: int, monitor: GpuMonitor) -> dict:
+        """nb batches from the run's batch iterator; returns the epoch's log row (mean losses, rates)."""
+        cfg, hyp, model = self.cfg, self.hyp, self.model
+        model.train()
+        nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
+        accumulate = self._accumulate()
+        mloss = torch.zeros(3, device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
+        with tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True) as pbar:
+            for i in range(nb):
+                t0 = time.perf_counter()
+                imgs, _, targets, _, _ = next(batches)
+                t_wait += time.perf_counter() - t0
+                ni = i + nb * epoch
+                if ni <= nw:
+                    accumulate = warmup(
+                        self.optimizer, ni, nw, self.lf(epoch), hyp, cfg.accumulate or cfg.nbs / self.batch
+                    )
+                loss, items = forward_backward(
+                    model, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last
+                )
+                mloss = (mloss * i + items) / (i + 1)
+                seen += imgs.shape[0]
+                if ni - self.last_opt_step >= accumulate:
+                    if not optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, loss):
+                        self.skipped += 1
+                        tqdm.write(f"warning: non-finite loss at epoch {epoch + 1} step {i}; step skipped")
+                    self.last_opt_step = ni
+                if i % 10 == 0 or i == nb - 1:
+                    el = time.perf_counter() - t_epoch
+                    b, c, d = mloss.tolist()
+                    pbar.set_postfix_str(
+                        f"box {b:.3f} cls {c:.3f} dfl {d:.3f} | {seen / el:.0f} img/s | "
+                        f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
+                    )
+                pbar.update(1)
+        el = time.perf_counter() - t_epoch
+        box, cls, dfl = mloss.tolist()
+        return {
+            "epoch": epoch,
+            "box": box,
+            "cls": cls,
+            "dfl": dfl,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "images_per_s": seen / el,
+            "data_wait": t_wait / el,
+            "mosaic": epoch < self.train_ds.mosaic_until and hyp.mosaic > 0,
+            "batch": self.batch,
+        }
 
-def _write_csv(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with open(path, "a") as f:
-        if new:
-            f.write(",".join(row) + "\n")
-        f.write(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()) + "\n")
+    def _halve_batch(self, epoch: int):
+        """After CUDA ran out of memory: the same epoch again at half the batch."""
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        if self.batch == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory at batch 1")
+        self.batch //= 2
+        tqdm.write(f"warning: CUDA out of memory; batch halved to {self.batch}, restarting epoch {epoch + 1}")
+        return self._loader(epoch)
 
+    # --- checkpoints ------------------------------------------------------------------------------------------
+    def _meta(self, epoch: int, row: dict) -> dict:
+        return {
+            "epoch": epoch,
+            "map": row.get("map"),
+            "map50": row.get("map50"),
+            "data": self.data_name,
+            "img_size": self.cfg.img,
+        }
 
-def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(run_dir))
+    def training_state(self, epoch: int) -> dict:
+        """Everything --resume needs to continue exactly after `epoch` (read back in _setup)."""
+        return {
+            "config": asdict(self.cfg),
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "ema_updates": self.ema.updates,
+            "epoch": epoch,
+            "best_fitness": self.best,
+            "batch": self.batch,
+            "rng": rng_state(),
+        }
+
+    def _save(self, epoch: int, row: dict, fitness: float) -> None:
+        improved = fitness > self.best
+        self.best = max(self.best, fitness)
+        meta = self._meta(epoch, row)
+        save_checkpoint(self.dir / "weights" / "last.pt", self.ema.ema, meta, train=self.training_state(epoch))
+        if improved:
+            save_checkpoint(self.dir / "weights" / "best.pt", self.ema.ema, meta)

@@ -13,7 +13,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from tqdm import tqdm
 
-from train.boxes import letterbox_params, non_max_suppression, scale_boxes_back
+from core.boxes import letterbox_params, non_max_suppression, scale_boxes_back
 from train.data.dataset import DetectionDataset
 
 

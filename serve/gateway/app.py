@@ -18,9 +18,9 @@ from fastapi import Depends, FastAPI, File, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from core.image_io import ImageError, detections_to_json, image_size
 from serve.gateway import metrics
 from serve.gateway.backend import BackendError, TritonPool
-from train.image_io import ImageError, detections_to_json, image_size
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
 
@@ -257,7 +257,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         from PIL import Image
 
-        from train.draw import draw_detections, encode_jpeg
+        from core.draw import draw_detections, encode_jpeg
 
         data = await read_image(request, file)
         res = await detect_one(data, params)

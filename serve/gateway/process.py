@@ -10,9 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.paths import PACKAGE_ROOT
 from serve.processes import ManagedProcess
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class GatewayProcess(ManagedProcess):
@@ -42,7 +41,7 @@ class GatewayProcess(ManagedProcess):
                 self.env[key] = str(value)
         if workers > 1:  # prometheus-client aggregates the workers' metrics through files in this folder
             self.env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="yolov9-prom-")
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
         self.log_file = log_file
 
     @property

@@ -7,7 +7,7 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from train.preprocess import LetterboxMeta, postprocess
+from core.preprocess import LetterboxMeta, postprocess
 
 
 class TritonPythonModel:

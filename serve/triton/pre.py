@@ -7,7 +7,7 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from train.preprocess import ImageError, decode_image, letterbox
+from core.preprocess import ImageError, decode_image, letterbox
 
 
 class TritonPythonModel:

@@ -14,24 +14,24 @@ import onnx
 import pytest
 import torch
 
-from export.engine import OnnxEngine, TorchEngine, engine_spec, load_engine
-from export.onnx_export import export_onnx
+from core.boxes import non_max_suppression
+from core.checkpoint import load_model, save_checkpoint
+from core.model import DetectionModel
+from core.preprocess import decode_image, prepare_batch, to_input
+from export.engine import engine_spec, load_engine
+from export.onnx_export import OnnxEngine, export_onnx
+from export.torch_engine import TorchEngine
 from tests.conftest import rel_l2, requires_cuda
-from train import load_model
-from train.boxes import non_max_suppression
-from train.checkpoint import save_checkpoint
-from train.model import DetectionModel
-from train.preprocess import decode_image, prepare_batch, to_input
 
 
-def _coco_batch(coco128, n=4, size=320):
-    files = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]
+def _coco_batch(coco48, n=4, size=320):
+    files = sorted((coco48 / "images").glob("*.jpg"))[:n]
     batch, _ = prepare_batch([decode_image(f) for f in files], size)
     return to_input(batch)
 
 
 @pytest.mark.parametrize("weights", ["gelan-s", "yolov9-s-official"])
-def test_onnx_matches_pytorch(weights, interop, tmp_path, coco128):
+def test_onnx_matches_pytorch(weights, interop, tmp_path, coco48):
     if weights == "gelan-s":
         torch.manual_seed(0)
         src = tmp_path / "gelan-s.pt"
@@ -45,7 +45,7 @@ def test_onnx_matches_pytorch(weights, interop, tmp_path, coco128):
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     meta = {p.key: p.value for p in proto.metadata_props}
     assert meta["end2end"] == "false" and len(eval(meta["names"])) == 80  # noqa: S307 - our own JSON list
-    x = _coco_batch(coco128, 3)
+    x = _coco_batch(coco48, 3)
     ref = TorchEngine(load_model(src))(x)
     got = OnnxEngine(out)(x)
     assert got.shape == (3, 84, 2100)
@@ -55,13 +55,13 @@ def test_onnx_matches_pytorch(weights, interop, tmp_path, coco128):
         assert rel_l2(OnnxEngine(out)(torch.from_numpy(ref_npz["images"])), torch.from_numpy(ref_npz["pred1"])) < 1e-4
 
 
-def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco128):
+def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco48):
     conf, iou = 0.05, 0.45
     out = export_onnx(
         load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, end2end=True, conf=conf, iou=iou, max_det=100
     )
-    eng = OnnxEngine(out)
-    x = _coco_batch(coco128, 8, 160)
+    eng = OnnxEngine(out, allow_end2end=True)
+    x = _coco_batch(coco48, 8, 160)
     num, boxes, scores, classes = eng.run_end2end(x)
     assert num.shape == (8, 1) and boxes.shape == (8, 100, 4) and scores.shape == (8, 100)
     ref = non_max_suppression(TorchEngine(load_model(trained_tiny))(x), conf, iou, 100)
@@ -77,9 +77,9 @@ def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco128):
         assert torch.all(scores[i, n:] == 0) and torch.all(boxes[i, n:] == 0)
 
 
-def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path, coco128):
+def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path, coco48):
     onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160)
-    x = _coco_batch(coco128, 4, 160)
+    x = _coco_batch(coco48, 4, 160)
     a, b = load_engine(trained_tiny, device="cpu")(x), load_engine(onnx_path)(x)
     assert rel_l2(b, a) < 1e-4
     da, db = non_max_suppression(a, 0.05), non_max_suppression(b, 0.05)
@@ -100,7 +100,7 @@ def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subse
             [
                 sys.executable,
                 "-m",
-                "train.cli",
+                "yolov9",
                 "val",
                 spec,
                 "--data",
@@ -131,7 +131,7 @@ def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
     except ImportError:
         pass
     r = subprocess.run(
-        [sys.executable, "-m", "train.cli", "export", "trt", "gelan-t", "-o", str(tmp_path / "m.plan")],
+        [sys.executable, "-m", "yolov9", "export", "trt", "gelan-t", "-o", str(tmp_path / "m.plan")],
         capture_output=True,
         text=True,
     )
@@ -139,18 +139,18 @@ def test_export_trt_without_tensorrt_says_how_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_aoti_cpu_package_loads_and_matches(aoti_cpu_package, trained_tiny, tmp_path, coco128, monkeypatch):
+def test_aoti_cpu_package_loads_and_matches(aoti_cpu_package, trained_tiny, tmp_path, coco48, monkeypatch):
     """AOTInductor on the CPU (the GPU fp16 package is tested on the GPU below)."""
     pt2 = aoti_cpu_package
     eng = load_engine(pt2, device="cpu")
-    x = _coco_batch(coco128, 3, 160)
+    x = _coco_batch(coco48, 3, 160)
     got = eng(x)
     assert rel_l2(got, TorchEngine(load_model(trained_tiny))(x)) < 1e-4
     meta = json.loads(pt2.with_name("m.pt2.json").read_text())
     # the fixture's --inductor option reached the compile
-    assert meta["inductor_configs"] == {"aot_inductor.compile_wrapper_opt_level": "'O0'"}
+    assert meta["extra"]["inductor_configs"] == {"aot_inductor.compile_wrapper_opt_level": "'O0'"}
     if sys.platform.startswith("linux"):  # built through the g++ front: the library uses the shared C++ runtime
-        assert meta["links_shared_cxx_runtime"] is True
+        assert meta["extra"]["links_shared_cxx_runtime"] is True
     # torch's own package loader runs the same library as our direct runner (the default)
     monkeypatch.setenv("YOLOV9_AOTI_LOADER", "package")
     assert torch.equal(load_engine(pt2, device="cpu")(x), got)
@@ -219,11 +219,11 @@ def test_cuda_packages_default_to_frozen_channels_last():
 
 
 @requires_cuda
-def test_aoti_cuda_fp16_matches_fp32(trained_tiny, tmp_path, coco128):
+def test_aoti_cuda_fp16_matches_fp32(trained_tiny, tmp_path, coco48):
     from export.aoti import export_aoti
 
     pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", img=160, max_batch=16)
-    x = _coco_batch(coco128, 8, 160).cuda()
+    x = _coco_batch(coco48, 8, 160).cuda()
     got = load_engine(pt2)(x)
     ref = TorchEngine(load_model(trained_tiny), "cuda")(x)
     assert rel_l2(got, ref) < 5e-3
@@ -241,31 +241,31 @@ def _has_tensorrt() -> bool:
     not _has_tensorrt(),
     reason="TensorRT is not installed here (it cannot be installed on our machines) or there is no CUDA GPU",
 )
-def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco128):
+def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco48):
     from export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
 
     onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160, half=needs_fp16_onnx())
     plan = build_engine(onnx_path, tmp_path / "t.plan", 1, 4, 8, 1.0, tmp_path / "cache")
     assert (tmp_path / "cache").exists() and plan.with_name(plan.name + ".json").exists()
-    x = _coco_batch(coco128, 4, 160)
+    x = _coco_batch(coco48, 4, 160)
     got = TensorRTEngine(plan)(x.cuda()).cpu()
     ref = OnnxEngine(onnx_path)(x)
     assert rel_l2(got, ref) < 5e-3
 
 
-def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_path, coco128):
+def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_path, coco48):
     import json
 
     from PIL import Image
 
-    imgs = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:2]
+    imgs = sorted((coco48 / "images").glob("*.jpg"))[:2]
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really")
     out = subprocess.run(
         [
             sys.executable,
             "-m",
-            "train.cli",
+            "yolov9",
             "predict",
             str(trained_tiny),
             *map(str, imgs),

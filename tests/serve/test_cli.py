@@ -1,6 +1,6 @@
 import pytest
 
-from train.cli import build_parser
+from yolov9.cli import build_parser
 
 
 def test_serve_subcommand_options_are_not_read_as_abbreviations():
@@ -23,15 +23,10 @@ def test_preferred_batch_flag_parses_lists_and_none(capsys):
 def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
 
-    from serve.cli import serve_once
-    from serve.triton_server import find_server
+    from serve.stack import serve_once
 
     from .conftest import CONF, IMG, free_port
 
-    try:
-        find_server()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     ports = (free_port(), free_port(), free_port())
     body = serve_once(str(checkpoint), port=free_port(), img=IMG, conf=CONF, triton_ports=ports, repo=str(tmp_path))
     assert body["width"] > 0 and body["height"] > 0 and len(body["detections"]) > 0
@@ -44,16 +39,12 @@ def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path)
     request gets the PyTorch model's detections."""
     import numpy as np
 
-    from serve.cli import SAMPLES, serve_once
+    from serve.cli import SAMPLES
+    from serve.stack import serve_once
     from serve.detector import Detector, Request
-    from serve.triton_server import find_server
 
     from .conftest import free_port
 
-    try:
-        find_server()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     ports = (free_port(), free_port(), free_port())
     body = serve_once(
         str(aoti_cpu_package), port=free_port(), img=160, conf=0.05, triton_ports=ports, repo=str(tmp_path)

@@ -13,9 +13,9 @@ def test_graph_buckets_cover_every_batch_size():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_cuda_graph_buckets_match_eager(trained_tiny, coco128):
+def test_cuda_graph_buckets_match_eager(trained_tiny, coco48):
     """Padding a batch up to its bucket and replaying the captured graph gives the eager detections."""
-    blobs = [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:5]]
+    blobs = [p.read_bytes() for p in sorted((coco48 / "images").glob("*.jpg"))[:5]]
     reqs = [Request(b, conf=0.05) for b in blobs]
     graphed = Detector(str(trained_tiny), device="cuda", img_size=160, max_batch=8)
     graphed.warmup()
@@ -26,10 +26,10 @@ def test_cuda_graph_buckets_match_eager(trained_tiny, coco128):
         torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1e-2)
 
 
-def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, coco128):
+def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, coco48):
     """One dynamic batch mixes requests with their own conf, IoU, max_det and classes (two IoU groups here):
     each gets exactly what it gets when sent alone, including a bad image in the middle."""
-    blobs = [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:5]]
+    blobs = [p.read_bytes() for p in sorted((coco48 / "images").glob("*.jpg"))[:5]]
     reqs = [
         Request(blobs[0], conf=0.05),
         Request(blobs[1], conf=0.05, iou=0.7, max_det=2),
@@ -51,13 +51,13 @@ def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, co
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)  # padding rows stay zero too
 
 
-def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
+def test_bench_detector_reports_each_batch(trained_tiny, coco48, tmp_path):
     import json
 
-    from train.cli import main
+    from yolov9.cli import main
 
     out = tmp_path / "det.json"
-    images = coco128 / "images" / "train2017"
+    images = coco48 / "images"
     args = ["bench", "detector", str(trained_tiny), "--images", str(images), "--img", "160", "--device", "cpu"]
     assert main([*args, "--batches", "1,3", "--iters", "2", "--warmup", "1", "--conf", "0.05", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
@@ -67,13 +67,13 @@ def test_bench_detector_reports_each_batch(trained_tiny, coco128, tmp_path):
         assert 0 < r["detections_per_image"] <= r["candidates_per_image"]
 
 
-def test_bench_detector_in_several_processes(trained_tiny, coco128, tmp_path):
+def test_bench_detector_in_several_processes(trained_tiny, coco48, tmp_path):
     import json
 
-    from train.cli import main
+    from yolov9.cli import main
 
     out = tmp_path / "procs.json"
-    images = coco128 / "images" / "train2017"
+    images = coco48 / "images"
     args = ["bench", "detector", str(trained_tiny), "--images", str(images), "--img", "160", "--device", "cpu"]
     assert main([*args, "--procs", "2", "--batches", "2", "--iters", "2", "--warmup", "1", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())

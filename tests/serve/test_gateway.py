@@ -20,8 +20,8 @@ from serve.gateway.process import GatewayProcess
 from tests.serve.conftest import CONF, IMG, free_port
 
 
-def _coco_images(coco128, n: int) -> list[bytes]:
-    return [p.read_bytes() for p in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]]
+def _coco_images(coco48, n: int) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((coco48 / "images").glob("*.jpg"))[:n]]
 
 
 def _post(
@@ -37,9 +37,9 @@ def _post(
     )
 
 
-def test_http_detections_equal_local_inference(gateway, checkpoint, coco128):
+def test_http_detections_equal_local_inference(gateway, checkpoint, coco48):
     local = Detector(str(checkpoint), device="cpu", img_size=IMG)
-    for data in _coco_images(coco128, 4):
+    for data in _coco_images(coco48, 4):
         r = _post(gateway, data)
         assert r.status_code == 200, r.text
         body = r.json()
@@ -56,8 +56,8 @@ def test_http_detections_equal_local_inference(gateway, checkpoint, coco128):
         assert body["detections"][0]["class_name"] in ("person", "bicycle") or body["detections"][0]["class_name"]
 
 
-def test_multipart_batch_annotated_models_and_docs(gateway, coco128):
-    imgs = _coco_images(coco128, 3)
+def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
+    imgs = _coco_images(coco48, 3)
     r = httpx.post(f"{gateway.url}/v1/detect?conf={CONF}", files={"file": ("a.jpg", imgs[0], "image/jpeg")})
     assert r.status_code == 200 and r.json()["detections"]
     r = httpx.post(
@@ -103,8 +103,8 @@ def _png_header(width: int, height: int) -> bytes:
         ("bad_max_det", 422),
     ],
 )
-def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco128, case, status):
-    good = _coco_images(coco128, 1)[0]
+def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, case, status):
+    good = _coco_images(coco48, 1)[0]
     data, ctype, params = good, "image/jpeg", f"conf={CONF}"
     if case == "garbage":
         data = b"this is not an image at all" * 10
@@ -132,8 +132,8 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco128, c
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
 
 
-def test_200_concurrent_requests_without_errors(gateway, coco128):
-    imgs = _coco_images(coco128, 8)
+def test_200_concurrent_requests_without_errors(gateway, coco48):
+    imgs = _coco_images(coco48, 8)
 
     async def run():
         limits = httpx.Limits(max_connections=200)
@@ -151,8 +151,8 @@ def test_200_concurrent_requests_without_errors(gateway, coco128):
     assert 'gateway_errors_total{kind="bad_image"}' in metrics
 
 
-def test_timeout_is_504_and_api_key_is_enforced(triton, coco128):
-    good = _coco_images(coco128, 1)[0]
+def test_timeout_is_504_and_api_key_is_enforced(triton, coco48):
+    good = _coco_images(coco48, 1)[0]
     with GatewayProcess([triton.grpc_url], port=free_port(), timeout_s=0.0005, api_key="s3cret") as gw:
         gw.start()
         assert _post(gw, good).status_code == 401
@@ -161,8 +161,8 @@ def test_timeout_is_504_and_api_key_is_enforced(triton, coco128):
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
 
 
-def test_triton_down_gives_503_then_recovers(triton, gateway, coco128):
-    good = _coco_images(coco128, 1)[0]
+def test_triton_down_gives_503_then_recovers(triton, gateway, coco48):
+    good = _coco_images(coco48, 1)[0]
     assert _post(gateway, good).status_code == 200
     triton.kill()
     try:

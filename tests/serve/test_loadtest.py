@@ -15,7 +15,7 @@ def _run_loadtest(tmp_path, target: str, url: str, extra: list[str] | None = Non
     cmd = [
         sys.executable,
         "-m",
-        "train.cli",
+        "yolov9",
         "loadtest",
         "--target",
         target,
@@ -64,7 +64,7 @@ def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
     # --plot draws saved results on one chart and sends nothing
     (tmp_path / "again.json").write_text((tmp_path / "triton.json").read_text())
     files = [str(tmp_path / "triton.json"), str(tmp_path / "again.json")]
-    cmd = [sys.executable, "-m", "train.cli", "loadtest", "--plot", *files, "--out", str(tmp_path / "both.json")]
+    cmd = [sys.executable, "-m", "yolov9", "loadtest", "--plot", *files, "--out", str(tmp_path / "both.json")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "both.png").stat().st_size > 10_000 and not (tmp_path / "both.json").exists()
@@ -76,7 +76,7 @@ def test_open_loop_rate(gateway, tmp_path):
         [
             sys.executable,
             "-m",
-            "train.cli",
+            "yolov9",
             "loadtest",
             "--url",
             gateway.url,

@@ -84,7 +84,7 @@ def test_mps_without_its_control_program_is_a_one_line_error(tmp_path):
     if shutil.which("nvidia-cuda-mps-control"):
         pytest.skip("this machine has nvidia-cuda-mps-control: the missing-program error cannot happen here")
     r = subprocess.run(
-        [sys.executable, "-m", "train.cli", "serve", "triton", "--mps", "--repo", str(tmp_path)],
+        [sys.executable, "-m", "yolov9", "serve", "triton", "--mps", "--repo", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,7 +1,7 @@
 import torch
 import torchvision
 
-from train.boxes import non_max_suppression, scale_boxes_back, xywh2xyxy
+from core.boxes import non_max_suppression, scale_boxes_back, xywh2xyxy
 
 
 def _reference(pred, conf, iou, max_det):

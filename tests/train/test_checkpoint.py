@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from core.checkpoint import CheckpointError, convert, load_model, read_checkpoint
 from tests.conftest import rel_l2
-from train import load_model
-from train.checkpoint import CheckpointError, convert, read_checkpoint
 
 
 def test_convert_then_load_with_weights_only(interop, tmp_path):
@@ -85,7 +84,7 @@ def test_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00" * 64)
     r = subprocess.run(
-        [sys.executable, "-m", "train.cli", "convert", str(bad), str(tmp_path / "o.pt")], capture_output=True, text=True
+        [sys.executable, "-m", "yolov9", "convert", str(bad), str(tmp_path / "o.pt")], capture_output=True, text=True
     )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "bad.pt" in r.stderr and "Traceback" not in r.stderr
@@ -93,7 +92,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_info_cli_prints_params_and_gflops(interop):
     r = subprocess.run(
-        [sys.executable, "-m", "train.cli", "info", str(interop / "gelan-c.pt")],
+        [sys.executable, "-m", "yolov9", "info", str(interop / "gelan-c.pt")],
         capture_output=True,
         text=True,
         check=True,

@@ -10,32 +10,36 @@ import pytest
 import torch
 import yaml
 
+from core.paths import sample_images
 from train.data.dataset import DetectionDataset, EpochBatchSampler, build_loader
 from train.data.formats import load_split, resolve_data
 
 
-def test_yolo_coco128_loads_with_background_report(coco128):
-    idx = load_split(resolve_data(coco128), "train")
-    assert len(idx.images) == 128 and len(idx.names) == 80
-    assert sum(len(lab) for lab in idx.labels) == 929
-    assert "2 images without a label file" in idx.problems.summary()
+def test_yolo_folder_loads_with_background_report(coco48):
+    idx = load_split(resolve_data(coco48), "train")
+    assert len(idx.images) == 48 and len(idx.names) == 80
+    assert sum(len(lab) for lab in idx.labels) == 406
+    assert "1 images without a label file" in idx.problems.summary()
 
 
-def test_coco_json_loads_with_its_class_names(tiny_coco):
-    idx = load_split(resolve_data(tiny_coco / "annotations" / "instances_val2017.json"), "val")
-    assert len(idx.images) == 50 and idx.names[0] == "person" and len(idx.names) == 80
+def test_coco_json_loads_with_its_class_names(coco_json, coco48):
+    idx = load_split(resolve_data(coco_json), "val")
+    assert len(idx.images) == 48 and idx.names[0] == "person" and len(idx.names) == 80
     assert all(p.exists() for p in idx.images)
-    assert 300 < sum(len(lab) for lab in idx.labels) <= 382  # crowd boxes are left out
-    assert idx.coco_category_ids[-1] == 90
+    assert sum(len(lab) for lab in idx.labels) == 405  # the one crowd box is left out
+    yolo = load_split(resolve_data(coco48), "train")  # sparse category ids map back to the contiguous ones
+    by_name = {p.name: lab for p, lab in zip(yolo.images, yolo.labels)}
+    second = [i for i, lab in enumerate(idx.labels) if len(lab)][1]  # the first holds the crowd box
+    np.testing.assert_allclose(idx.labels[second], by_name[idx.images[second].name], atol=1e-5)
 
 
-def _make_voc(root: Path, coco128: Path, n: int = 4) -> None:
+def _make_voc(root: Path, coco48: Path, n: int = 4) -> None:
     (root / "Annotations").mkdir(parents=True)
     (root / "JPEGImages").mkdir()
     names = ["person", "car", "dog"]
     from PIL import Image
 
-    imgs = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]
+    imgs = sorted((coco48 / "images").glob("*.jpg"))[:n]
     for k, img in enumerate(imgs):
         shutil.copy(img, root / "JPEGImages" / img.name)
         w, h = Image.open(img).size
@@ -55,8 +59,8 @@ def _make_voc(root: Path, coco128: Path, n: int = 4) -> None:
     (root / "Annotations" / "broken.xml").write_text("<annotation><size>")
 
 
-def test_voc_xml_loads_and_reports_unknown_classes(coco128, tmp_path):
-    _make_voc(tmp_path / "voc", coco128)
+def test_voc_xml_loads_and_reports_unknown_classes(coco48, tmp_path):
+    _make_voc(tmp_path / "voc", coco48)
     (tmp_path / "voc.yaml").write_text(
         yaml.safe_dump({"path": "voc", "format": "voc", "train": ".", "val": ".", "names": ["person", "car", "dog"]})
     )
@@ -71,16 +75,16 @@ def test_voc_xml_loads_and_reports_unknown_classes(coco128, tmp_path):
 
 
 @pytest.fixture()
-def messy_dataset(coco128, tmp_path) -> Path:
+def messy_dataset(coco48, tmp_path) -> Path:
     """A YOLO dataset with a truncated JPEG, a text file named .jpg, labels out of range, an empty label file
     and an image without labels."""
     root = tmp_path / "messy"
     (root / "images").mkdir(parents=True)
     (root / "labels").mkdir()
-    src = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:6]
+    src = sorted((coco48 / "images").glob("*.jpg"))[:6]
     for img in src:
         shutil.copy(img, root / "images" / img.name)
-        lab = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
+        lab = coco48 / "labels" / f"{img.stem}.txt"
         if lab.exists():
             shutil.copy(lab, root / "labels" / lab.name)
     data = (root / "images" / src[0].name).read_bytes()
@@ -116,8 +120,8 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     assert seen == 5
 
 
-def test_augmented_samples_are_deterministic_per_epoch(coco128):
-    ds = DetectionDataset(load_split(resolve_data(coco128), "train"), 160, augment=True)
+def test_augmented_samples_are_deterministic_per_epoch(coco48):
+    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 160, augment=True)
     a, la, _, _ = ds[(3, 7)]
     b, lb, _, _ = ds[(3, 7)]
     c, _, _, _ = ds[(4, 7)]
@@ -129,9 +133,9 @@ def test_augmented_samples_are_deterministic_per_epoch(coco128):
     assert d.shape == (3, 160, 160) and not torch.equal(a, d)
 
 
-def test_cache_modes_give_identical_samples(coco128, tmp_path, monkeypatch):
+def test_cache_modes_give_identical_samples(coco48, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    idx = load_split(resolve_data(coco128), "train")
+    idx = load_split(resolve_data(coco48), "train")
     idx.images, idx.labels = idx.images[:8], idx.labels[:8]
     plain = DetectionDataset(idx, 128, augment=True)
     ram = DetectionDataset(idx, 128, augment=True, cache="ram", workers=2)
@@ -158,8 +162,8 @@ def test_batch_sampler_runs_epochs_back_to_back_and_splits_ranks():
     np.testing.assert_array_equal(s.epoch_indices(5), s.epoch_indices(5))
 
 
-def test_loader_keys_carry_the_epoch(coco128):
-    ds = DetectionDataset(load_split(resolve_data(coco128), "train"), 96, augment=True)
+def test_loader_keys_carry_the_epoch(coco48):
+    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 96, augment=True)
     ds.images, ds.labels = ds.images[:6], ds.labels[:6]
     loader = build_loader(ds, 4, 2, True, start_epoch=5, epochs=7)
     batches = list(loader)
@@ -168,10 +172,10 @@ def test_loader_keys_carry_the_epoch(coco128):
     assert torch.equal(batches[0][0][0], direct)
 
 
-def test_decode_images_keeps_going_past_bad_ones(coco128):
-    from train.preprocess import ImageError, decode_images
+def test_decode_images_keeps_going_past_bad_ones(coco48):
+    from core.preprocess import ImageError, decode_images
 
-    good = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[0].read_bytes()
+    good = sorted((coco48 / "images").glob("*.jpg"))[0].read_bytes()
     out = decode_images([good, b"junk" * 20, good[: len(good) // 4], good])
     assert out[0].shape[0] == 3 and out[0].dtype == torch.uint8 and torch.equal(out[0], out[3])
     assert isinstance(out[1], ImageError)
@@ -179,9 +183,9 @@ def test_decode_images_keeps_going_past_bad_ones(coco128):
 
 
 def test_prepare_batch_equals_letterbox_image_by_image():
-    from train.preprocess import decode_image, letterbox, prepare_batch
+    from core.preprocess import decode_image, letterbox, prepare_batch
 
-    shipped = [decode_image(f) for f in sorted((Path(__file__).parents[2] / "assets" / "images").glob("*.jpg"))]
+    shipped = [decode_image(f) for f in sorted(sample_images())]
     # repeated sizes (one resize per size), an exact fit, an upscale, a tall and a wide crop
     images = shipped + shipped[:1] + [shipped[0][:, :160, :160], shipped[0][:, :320, :320], shipped[-1][:, :, :90]]
     images += [shipped[-1][:, :70, :]]

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 import cv2
 import numpy as np
 
-from train.boxes import letterbox_params
-from train.preprocess import PAD_VALUE as PAD
+from core.boxes import letterbox_params
+from core.preprocess import PAD_VALUE as PAD
 
 
 @dataclass

@@ -16,10 +16,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
+from core.preprocess import ImageError, decode_image, letterbox
 from train.data import augment as A
 from train.data.formats import DatasetIndex
 from train.loss import pad_targets
-from train.preprocess import ImageError, decode_image, letterbox
 
 
 def check_image(path: Path) -> str | None:
@@ -73,9 +73,9 @@ class DetectionDataset(Dataset):
         self.images = [index.images[i] for i in keep]
         self.labels = [index.labels[i] for i in keep]
         self.names, self.problems = index.names, index.problems
-        self.coco_category_ids = getattr(index, "coco_category_ids", None)
         if not self.images:
             raise FileNotFoundError(f"{desc}: no readable images")
+        self.desc = desc
         self.img_size, self.augment, self.hyp = img_size, augment, hyp or A.Hyp()
         self.seed = seed
         # Mosaic is on for epochs below this (the trainer sets it from --close-mosaic). Samples are keyed by
@@ -87,6 +87,12 @@ class DetectionDataset(Dataset):
             self._cache_ram(workers, desc)
         elif cache == "disk":
             self._cache_disk(workers, desc)
+
+    def describe(self) -> str:
+        """One line with what this split holds, so a dataset that loads but is not what was meant shows at once."""
+        boxes = sum(len(lab) for lab in self.labels)
+        background = sum(len(lab) == 0 for lab in self.labels)
+        return f"{self.desc}: {len(self)} images ({background} background), {boxes} boxes, {len(self.names)} classes"
 
     # --- caching ----------------------------------------------------------------------------------------
     def _cache_ram(self, workers: int, desc: str) -> None:

@@ -13,29 +13,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from core.coco_names import COCO_NAMES
+from core.paths import DEFAULT_DATASET, PACKAGE_ROOT, SHIPPED_DATASET, SHIPPED_DATASETS
+
 IMG_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
-VOC_NAMES = [
-    "aeroplane",
-    "bicycle",
-    "bird",
-    "boat",
-    "bottle",
-    "bus",
-    "car",
-    "cat",
-    "chair",
-    "cow",
-    "diningtable",
-    "dog",
-    "horse",
-    "motorbike",
-    "person",
-    "pottedplant",
-    "sheep",
-    "sofa",
-    "train",
-    "tvmonitor",
-]
 
 
 @dataclass
@@ -97,11 +78,15 @@ def _names_list(names) -> list[str]:
 
 
 def dataset_roots() -> list[Path]:
-    """Where named datasets (e.g. 'coco128') are looked up: $YOLOV9_DATASETS, then ../shared/datasets."""
-    roots = [Path(os.environ["YOLOV9_DATASETS"])] if "YOLOV9_DATASETS" in os.environ else []
-    here = Path(__file__).resolve()
-    roots += [Path.cwd() / "../shared/datasets", here.parents[3] / "shared/datasets", Path.cwd() / "datasets"]
-    return roots
+    """Where named datasets (e.g. 'coco128') are looked up: $YOLOV9_DATASETS, ../shared/datasets, ./datasets, and
+    last the datasets shipped with the package (coco48)."""
+    roots = [Path(os.environ["YOLOV9_DATASETS"])] if os.environ.get("YOLOV9_DATASETS") else []
+    roots += [Path.cwd() / "../shared/datasets", PACKAGE_ROOT.parent / "shared/datasets", Path.cwd() / "datasets"]
+    return [*roots, SHIPPED_DATASETS]
+
+
+def _find_named(name: str) -> Path | None:
+    return next((root / name for root in dataset_roots() if (root / name).is_dir()), None)
 
 
 def _yolo_labels_for(img: Path) -> Path:
@@ -184,23 +169,33 @@ def load_coco(ann_file: Path, images_dir: Path | None = None) -> DatasetIndex:
         lab = np.array(rows, np.float32).reshape(-1, 5)
         images.append(images_dir / im["file_name"])
         labels.append(_check_labels(lab, len(cats), im["file_name"], problems))
-    idx = DatasetIndex(images, labels, [c["name"] for c in cats], problems)
-    idx.coco_category_ids = [c["id"] for c in cats]  # for writing results in the dataset's own ids
-    return idx
+    return DatasetIndex(images, labels, [c["name"] for c in cats], problems)
 
 
-def load_voc(root: Path, split: str = "train", names: list[str] | None = None) -> DatasetIndex:
-    """Pascal VOC: root holds Annotations/*.xml and JPEGImages/; ImageSets/Main/{split}.txt if present."""
-    names = names or VOC_NAMES
+def _voc_xmls(root: Path, ids_file: Path | None) -> list[Path]:
+    if ids_file is None:
+        return sorted((root / "Annotations").glob("*.xml"))
+    return [root / "Annotations" / f"{i.split()[0]}.xml" for i in ids_file.read_text().splitlines() if i.strip()]
+
+
+def voc_class_names(root: Path, ids_files: list[Path | None]) -> list[str]:
+    """The sorted object names found in the XMLs of the given splits (the class list of a VOC folder whose
+    dataset YAML names none; for Pascal VOC itself these are its 20 classes in their usual order)."""
+    names = set()
+    for x in {x for f in ids_files for x in _voc_xmls(root, f)}:
+        try:
+            names.update(n.strip() for n in (o.findtext("name") or "" for o in ET.parse(x).getroot().iter("object")))
+        except (ET.ParseError, OSError):
+            continue  # reported by load_voc
+    return sorted(n for n in names if n)
+
+
+def load_voc(root: Path, ids_file: Path | None, names: list[str]) -> DatasetIndex:
+    """Pascal VOC: root holds Annotations/*.xml and JPEGImages/; ids_file (e.g. ImageSets/Main/trainval.txt)
+    lists the images of the split, None means every XML."""
     problems = Problems()
-    ids_file = root / "ImageSets" / "Main" / f"{split}.txt"
-    xmls = (
-        [root / "Annotations" / f"{i.strip()}.xml" for i in ids_file.read_text().split()]
-        if ids_file.exists()
-        else sorted((root / "Annotations").glob("*.xml"))
-    )
     images, labels = [], []
-    for x in xmls:
+    for x in _voc_xmls(root, ids_file):
         try:
             tree = ET.parse(x).getroot()
             size = tree.find("size")
@@ -223,59 +218,111 @@ def load_voc(root: Path, split: str = "train", names: list[str] | None = None) -
     return DatasetIndex(images, labels, names, problems)
 
 
-def resolve_data(data: str | Path) -> dict:
-    """A dataset spec as a dict {format, train, val, names, root}. `data` is a dataset YAML, a COCO JSON, a VOC
-    folder, or the name of a dataset under the dataset roots (e.g. 'coco128', 'tiny_coco_val')."""
+def resolve_data(data: str | Path | None = None) -> dict:
+    """A dataset spec as a dict {format, name, root, train, val, names}. `data` is a dataset YAML, a COCO JSON, a
+    VOC folder, a YOLO folder, or the name of a dataset under the dataset roots (e.g. 'coco128'). None is the
+    default: coco128 where a dataset root holds it, else the shipped coco48."""
+    if data is None:
+        found = _find_named(DEFAULT_DATASET)
+        if found is None:
+            print(f"data: no {DEFAULT_DATASET} in the dataset roots; using the shipped sample {SHIPPED_DATASET}")
+            found = SHIPPED_DATASETS / SHIPPED_DATASET
+        return _resolve_path(found)
     p = Path(data)
     if not p.exists() and not p.suffix:
-        for root in dataset_roots():
-            if (root / str(data)).is_dir():
-                p = root / str(data)
-                break
-        else:
+        found = _find_named(str(data))
+        if found is None:
             raise FileNotFoundError(
-                f"dataset '{data}' not found (looked in {', '.join(map(str, dataset_roots()))}; "
-                f"set YOLOV9_DATASETS or pass a dataset YAML)"
+                f"dataset '{data}' not found (looked in {', '.join(map(str, dataset_roots()))}): pass a dataset YAML "
+                f"or folder, set YOLOV9_DATASETS to the folder holding '{data}', or use the shipped {SHIPPED_DATASET}"
             )
+        p = found
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such dataset file or folder")
+    return _resolve_path(p)
+
+
+def _resolve_path(p: Path) -> dict:
     if p.suffix == ".json":
-        return {"format": "coco", "train": p, "val": p, "root": p.parent}
-    if p.is_dir():
-        if (p / "Annotations").is_dir():
-            return {"format": "voc", "train": p, "val": p, "root": p, "train_split": "train", "val_split": "val"}
-        ann = sorted((p / "annotations").glob("instances_*.json")) if (p / "annotations").is_dir() else []
-        if ann:
-            return {"format": "coco", "train": ann[0], "val": ann[-1], "root": p}
-        if (p / "images").is_dir():  # YOLO layout without a YAML: class ids as names unless 80 (COCO)
-            return {"format": "yolo", "train": p / "images", "val": p / "images", "root": p, "names": None}
-        raise FileNotFoundError(f"{p}: no images/, annotations/instances_*.json or Annotations/ inside")
+        return {"format": "coco", "name": p.stem, "root": p.parent, "train": p, "val": p, "names": None}
     if p.suffix in (".yaml", ".yml"):
+        return _resolve_yaml(p)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: not a dataset YAML, COCO JSON or dataset folder")
+    spec = {"name": p.name, "root": p, "names": None}
+    if (p / "Annotations").is_dir():
+        return _with_voc_names({**spec, "format": "voc", "train": _voc_split(p, "train"), "val": _voc_split(p, "val")})
+    ann = sorted((p / "annotations").glob("instances_*.json")) if (p / "annotations").is_dir() else []
+    if ann:  # instances_train*.json sorts before instances_val*.json
+        return {**spec, "format": "coco", "train": ann[0], "val": ann[-1]}
+    if (p / "images").is_dir():  # YOLO layout without a YAML: the 80 COCO names
+        return {**spec, "format": "yolo", "train": p / "images", "val": p / "images"}
+    raise FileNotFoundError(f"{p}: no images/, annotations/instances_*.json or Annotations/ inside")
+
+
+def _voc_split(root: Path, split: str) -> Path:
+    """ImageSets/Main/{split}.txt (train falls back to trainval.txt) when present, else the folder (every XML)."""
+    for name in (split, "trainval") if split == "train" else (split,):
+        f = root / "ImageSets" / "Main" / f"{name}.txt"
+        if f.is_file():
+            return f
+    return root
+
+
+def _with_voc_names(spec: dict) -> dict:
+    if not spec["names"]:
+        split_files = [None if Path(spec[s]).is_dir() else Path(spec[s]) for s in ("train", "val")]
+        spec["names"] = voc_class_names(spec["root"], split_files)
+        if not spec["names"]:
+            raise FileNotFoundError(
+                f"{spec['root']}: no object names in Annotations/*.xml; give names: in a dataset YAML"
+            )
+    return spec
+
+
+def _resolve_yaml(p: Path) -> dict:
+    try:
         d = yaml.safe_load(p.read_text())
-        root = Path(d.get("path", p.parent))
-        root = root if root.is_absolute() else (p.parent / root).resolve()
-        fmt = d.get("format", "yolo")
-        spec = {"format": fmt, "root": root, "names": d.get("names")}
-        for split in ("train", "val"):
-            v = d.get(split, d.get("train"))
-            spec[split] = v if fmt == "voc" and not str(v).endswith("/") and not (root / str(v)).exists() else root / v
-            if fmt == "voc":
-                spec[split], spec[f"{split}_split"] = root, d.get(f"{split}_split", split)
-        return spec
-    raise FileNotFoundError(f"{data}: not a dataset YAML, COCO JSON or dataset folder")
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p}: a dataset YAML is a mapping with train:, val: and names: keys")
+    root = Path(d.get("path", "."))
+    root = root if root.is_absolute() else (p.parent / root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{p}: path: {d.get('path')} -> {root} does not exist (a relative path: is read from the YAML's folder)"
+        )
+    fmt = d.get("format", "yolo")
+    if fmt not in ("yolo", "coco", "voc"):
+        raise ValueError(f"{p}: format: {fmt}: choose yolo, coco or voc")
+    spec = {"format": fmt, "name": p.stem, "root": root, "names": _names_list(d["names"]) if d.get("names") else None}
+    for split in ("train", "val"):
+        value = d.get(split, d.get("train"))
+        if value is None:
+            if fmt != "voc":
+                raise ValueError(f"{p}: no train: key (the images, image list or annotation file to train on)")
+            spec[split] = _voc_split(root, split)
+            continue
+        path = Path(value) if Path(value).is_absolute() else root / value
+        if not path.exists():
+            key = split if split in d else "train"
+            raise FileNotFoundError(
+                f"{p}: {key}: {value} -> {path} does not exist (paths are relative to path: {root}); fix the key or "
+                f"the path: key"
+            )
+        spec[split] = path
+        if fmt == "coco" and d.get(f"{split}_images"):  # images elsewhere than beside the annotation file
+            spec[f"{split}_images"] = root / d[f"{split}_images"]
+    if fmt == "yolo" and spec["names"] is None:
+        raise ValueError(f"{p}: no names: key (a list of class names, or a dict id -> name)")
+    return _with_voc_names(spec) if fmt == "voc" else spec
 
 
 def load_split(spec: dict, split: str) -> DatasetIndex:
-    fmt = spec["format"]
+    fmt, src = spec["format"], Path(spec[split])
     if fmt == "coco":
-        return load_coco(Path(spec[split]), Path(spec[f"{split}_images"]) if f"{split}_images" in spec else None)
+        return load_coco(src, Path(spec[f"{split}_images"]) if spec.get(f"{split}_images") else None)
     if fmt == "voc":
-        return load_voc(
-            Path(spec[split]),
-            spec.get(f"{split}_split", split),
-            _names_list(spec["names"]) if spec.get("names") else None,
-        )
-    names = spec.get("names")
-    if names is None:
-        from train.data.coco_names import COCO_NAMES
-
-        names = COCO_NAMES
-    return load_yolo(Path(spec[split]), _names_list(names))
+        return load_voc(spec["root"], None if src.is_dir() else src, spec["names"])
+    return load_yolo(src, spec["names"] or COCO_NAMES)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from train.model import DetectionModel, load_cfg, zoo_names
+from core.model import DetectionModel, load_cfg, zoo_names
 
 FORMAT = "yolov9-trt"
 FORMAT_VERSION = 1
@@ -182,3 +182,14 @@ def load_model(source: str | Path | dict, nc: int | None = None) -> DetectionMod
         else:
             raise CheckpointError(f"{source}: not a checkpoint, a YAML or a zoo name ({', '.join(zoo_names())})")
     return model.float().eval()
+
+
+def weights_source(weights: str | Path | DetectionModel) -> tuple[DetectionModel, str, str | None]:
+    """A model to export, the file it came from and the dataset it was trained on (our checkpoints record it)."""
+    if isinstance(weights, DetectionModel):
+        return weights, "", None
+    p = Path(weights)
+    if p.is_file() and zipfile.is_zipfile(p):
+        ckpt = read_checkpoint(p)
+        return model_from_checkpoint(ckpt, p).float().eval(), str(p), ckpt.get("meta", {}).get("data")
+    return load_model(weights), str(weights), None

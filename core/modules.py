@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.boxes import dist2bbox, make_anchors
+from core.boxes import dist2bbox, make_anchors
 
 BN_EPS = 1e-3  # the official trainer's BatchNorm settings; checkpoints depend on eps
 BN_MOMENTUM = 0.03

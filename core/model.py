@@ -10,7 +10,7 @@ import torch
 import yaml
 from torch import nn
 
-from train.modules import MODULES, Conv, Detect, RepConvN
+from core.modules import MODULES, Conv, Detect, RepConvN
 
 CFG_DIR = Path(__file__).parent / "cfg"
 # Layers whose first argument is the output width (input width is inserted in front, as officially).
@@ -147,6 +147,10 @@ class DetectionModel(nn.Module):
             if isinstance(m, (Conv, RepConvN)):
                 m.fuse()
         return self
+
+    def deploy(self) -> DetectionModel:
+        """The form every engine runs: re-parameterized to GELAN, fused, in eval mode."""
+        return self.reparameterize().fuse().eval()
 
     def reparameterize(self) -> DetectionModel:
         """A YOLOv9 training model as its GELAN inference model: auxiliary branch dropped, main branch kept."""

@@ -1,0 +1,65 @@
+"""The `yolov9` command, above the three stages: each stage registers its own subcommands (train/cli.py,
+export/cli.py, serve/cli.py) and `quickstart` chains them."""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import sys
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Adds '(default: X)' to a flag's help unless the help already names its default or there is none to name."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _all_parsers(p: argparse.ArgumentParser):
+    yield p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _all_parsers(child)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from export import cli as export_cli
+    from serve import cli as serve_cli
+    from train import cli as train_cli
+    from yolov9 import quickstart
+
+    p = argparse.ArgumentParser(prog="yolov9", description="Train, export, serve and load-test YOLOv9 detectors.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = sub.add_parser("bench", help="benchmarks (train step, inference engines, serving pipeline)").add_subparsers(
+        dest="bench", required=True, metavar="WHAT"
+    )
+    quickstart.register(sub)
+    train_cli.register(sub, bench)
+    export_cli.register(sub, bench)
+    serve_cli.register(sub, bench)
+    for parser in _all_parsers(p):
+        parser.formatter_class = HelpFormatter
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    # a crash inside native code (an engine's runtime, a CUDA library) then names the Python call it came from
+    faulthandler.enable()
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
+        # user-facing errors (bad file, bad input, missing dependency) end in one line, not a traceback
+        if "YOLOV9_DEBUG" in os.environ:
+            raise
+        print(f"yolov9 {args.command}: error: {e}", file=sys.stderr)
+        return 2
