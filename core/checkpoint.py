@@ -60,6 +60,18 @@ _HOLDERS = [(type(name.rsplit(".", 1)[1], (_Holder,), {"path": name}), name) for
 _SAFE_EXTRAS = [set, torch.Size]
 
 
+def _numpy_globals() -> list:
+    """The numpy scalar and dtype classes that torch suggests allowlisting for weights-only loading: an unstripped
+    official checkpoint (an interrupted run's last.pt) stores best_fitness and a few hyper-parameters as numpy
+    scalars. They rebuild plain values and run no code of the file's choosing."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    scalar = core.multiarray.scalar
+    out = [(scalar, "numpy.core.multiarray.scalar"), (scalar, "numpy._core.multiarray.scalar"), np.dtype]
+    return out + [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
+
+
 def _read(path: Path) -> Any:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
@@ -68,7 +80,7 @@ def _read(path: Path) -> Any:
             f"{path}: not a PyTorch checkpoint (not a torch.save zip archive; truncated or another format)"
         )
     try:
-        with torch.serialization.safe_globals(_HOLDERS + _SAFE_EXTRAS):
+        with torch.serialization.safe_globals(_HOLDERS + _SAFE_EXTRAS + _numpy_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # the unpickler's errors are long; keep the part that names the cause
         msg = str(e)

@@ -255,7 +255,8 @@ def register(sub, bench) -> None:
     s.add_argument(
         "--url",
         default=None,
-        help="gateway base URL (default http://127.0.0.1:8080) or Triton gRPC host:port (default 127.0.0.1:8001)",
+        help="gateway base URL or Triton gRPC host:port (default: http://127.0.0.1:8080 for the gateway, "
+        "127.0.0.1:8001 for Triton)",
     )
     s.add_argument("--images", default=str(SAMPLES), help="folder of images to send (cycled)")
     s.add_argument("--concurrency", default="1,8,32", help="comma list: closed-loop sweep steps")

@@ -338,4 +338,10 @@ def run_loadtest(args) -> list[dict]:
     }
     write_outputs(rows, Path(args.out), meta)
     print(f"wrote {args.out} (+ .csv, .png)")
+    failed = [r for r in rows if r["requests"] and not r["ok"]]
+    if failed:  # a load test of a server that never answered measured nothing: say so, with a failing exit code
+        kinds = ", ".join(f"{n} {k}" for k, n in failed[0]["errors"].items())
+        raise RuntimeError(
+            f"every request failed in {len(failed)} of {len(rows)} steps ({kinds} in the first); is {url} serving?"
+        )
     return rows

@@ -291,3 +291,55 @@ def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_pa
         0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h for d in rows[0]["detections"]
     )
     assert Image.open(tmp_path / "pred" / imgs[0].name).size == (w, h)
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yolov9", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_export_lands_beside_the_weights_and_val_runs_each_engine_at_its_size(trained_tiny, tmp_path):
+    """A 160 px model: export writes best.onnx beside best.pt at the trained size, `val --engine auto` finds it and
+    scores it at 160 px on the data the checkpoint was trained on (no --data), as PyTorch does."""
+    import shutil
+
+    weights = tmp_path / "best.pt"
+    shutil.copy(trained_tiny, weights)
+    r = _cli("export", "onnx", str(weights))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "best.onnx").exists() and (tmp_path / "best.onnx.json").exists()
+    assert json.loads((tmp_path / "best.onnx.json").read_text())["img_size"] == 160
+    maps = {}
+    for engine in ("auto", str(weights)):
+        r = _cli("val", str(weights), "--engine", engine, "--device", "cpu", "--workers", "0")
+        assert r.returncode == 0, r.stderr
+        assert "(the dataset best.pt was trained on" in r.stdout and "val: 16 images" in r.stdout
+        line = r.stdout.strip().splitlines()[-1]
+        assert "at 160 px" in line, line
+        maps[line.split()[1]] = float(line.split("mAP50-95")[1].split()[0])
+    assert set(maps) == {"onnx", "torch"} and maps["onnx"] > 0.05
+    assert maps["onnx"] == pytest.approx(maps["torch"], abs=0.01)
+    r = _cli("val", str(tmp_path / "best.onnx"), "--img", "320", "--device", "cpu")
+    assert r.returncode == 2 and "exported for 160 px, not 320" in r.stderr
+
+
+def test_end2end_onnx_in_val_and_predict_is_a_one_line_error(trained_tiny, tmp_path):
+    e2e = tmp_path / "e2e.onnx"
+    assert _cli("export", "onnx", str(trained_tiny), "--end2end", "-o", str(e2e)).returncode == 0
+    for cmd in (["val", str(e2e), "--device", "cpu"], ["predict", str(e2e), "--device", "cpu", "--no-save"]):
+        r = _cli(*cmd)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "end-to-end" in lines[0], r.stderr
+
+
+def test_engine_without_its_metadata_is_an_error_naming_the_file(trained_tiny, tmp_path):
+    import zipfile
+
+    out = export_onnx(load_model(trained_tiny), tmp_path / "m.onnx", img=160)
+    (tmp_path / "m.onnx.json").unlink()  # an ONNX file carries the same metadata inside
+    assert OnnxEngine(out).img_size == 160 and len(OnnxEngine(out).names) == 80
+    package = tmp_path / "m.pt2"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("m/data/aotinductor/model/x.wrapper.so", b"")
+    r = _cli("val", str(package), "--device", "cpu")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "m.pt2.json is missing" in lines[0], r.stderr

@@ -40,8 +40,8 @@ def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path)
     import numpy as np
 
     from serve.cli import SAMPLES
-    from serve.stack import serve_once
     from serve.detector import Detector, Request
+    from serve.stack import serve_once
 
     from .conftest import free_port
 

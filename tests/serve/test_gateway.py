@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.coco_names import COCO_NAMES
 from serve.detector import Detector, Request
 from serve.gateway.process import GatewayProcess
 from tests.serve.conftest import CONF, IMG, free_port
@@ -53,7 +54,7 @@ def test_http_detections_equal_local_inference(gateway, checkpoint, coco48):
         assert all(
             0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h for d in body["detections"]
         )
-        assert body["detections"][0]["class_name"] in ("person", "bicycle") or body["detections"][0]["class_name"]
+        assert all(d["class_name"] == COCO_NAMES[d["class_id"]] for d in body["detections"])
 
 
 def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
@@ -101,6 +102,7 @@ def _png_header(width: int, height: int) -> bytes:
         ("bad_conf", 422),
         ("bad_classes", 422),
         ("bad_max_det", 422),
+        ("unknown_class", 422),
     ],
 )
 def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, case, status):
@@ -124,10 +126,14 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, ca
         params = "classes=cat"
     elif case == "bad_max_det":
         params = "max_det=0"
+    elif case == "unknown_class":
+        params = "classes=0,80"  # the model has 80 classes: 0-79
     r = _post(gateway, data, ctype, params)
     assert r.status_code == status, r.text
     body = r.json()
-    assert ("error" in body and body["detail"]) if status != 422 else "detail" in body
+    assert set(body) == {"error", "detail"} and isinstance(body["detail"], str) and body["detail"]
+    if status == 422:
+        assert body["error"] == "invalid_parameters" and ("80" in body["detail"]) == (case == "unknown_class")
     assert _post(gateway, good).status_code == 200
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
 

@@ -132,3 +132,16 @@ def test_locustfile_headless(gateway, tmp_path):
     header, detect = rows[0].split(","), next(x for x in rows if "/v1/detect" in x).split(",")
     stats = dict(zip(header, detect))
     assert int(stats["Request Count"]) > 0 and int(stats["Failure Count"]) == 0
+
+
+def test_all_requests_failing_is_a_nonzero_exit_with_one_line(tmp_path):
+    """Nothing listens on the port: every request of the step fails, and the command says so and exits 2."""
+    from .conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "yolov9", "loadtest", "--url", url, "--concurrency", "2", "--duration", "1"]
+    cmd += ["--warmup", "0.2", "--requests", "50", "--out", str(tmp_path / "lt.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "every request failed" in lines[0] and url in lines[0], r.stderr

@@ -101,3 +101,73 @@ def test_info_cli_prints_params_and_gflops(interop):
     assert "25,498,752 parameters" in last and "GFLOPs at 640" in last
     gflops = float(last.split("parameters, ")[1].split(" GFLOPs")[0])
     assert 95 < gflops < 110  # official summary: 103.5
+
+
+_OFFICIAL_NAMES = {"Detect": "models.yolo.DDetect"}  # every other block keeps its name, under models.common
+
+
+def _as_official(model: torch.nn.Module) -> torch.nn.Module:
+    """Our model re-labelled with the official class paths (models.yolo / models.common), pickled as the official
+    trainer pickles its DetectionModel: a layer config under `yaml`, class names, the layers under `model`."""
+    import types
+
+    for mod in ("models", "models.yolo", "models.common"):
+        sys.modules.setdefault(mod, types.ModuleType(mod))
+    for m in model.modules():
+        cls = type(m)
+        if cls.__module__.startswith("torch."):
+            continue
+        path = (
+            "models.yolo.DetectionModel"
+            if m is model
+            else _OFFICIAL_NAMES.get(cls.__name__, f"models.common.{cls.__name__}")
+        )
+        module, name = path.rsplit(".", 1)
+        twin = getattr(sys.modules[module], name, None)
+        if twin is None:
+            twin = type(name, (cls,), {"__module__": module, "__qualname__": name})
+            setattr(sys.modules[module], name, twin)
+        m.__class__ = twin
+    model.yaml = model.cfg
+    return model
+
+
+def test_unstripped_official_checkpoint_with_numpy_scalars_loads(tmp_path):
+    """An interrupted official run's last.pt: model and EMA as fp16 modules, optimizer state, numpy scalars."""
+    import copy
+
+    from core.model import DetectionModel
+
+    torch.manual_seed(0)
+    ours = DetectionModel("gelan-t").train()
+    opt = torch.optim.SGD(ours.parameters(), lr=0.01, momentum=0.9)
+    sum(f.float().mean() for f in ours(torch.rand(2, 3, 64, 64))).backward()
+    opt.step()  # momentum buffers in the optimizer state, as after real steps
+    ours.eval()
+    ema = _as_official(copy.deepcopy(ours)).half()
+    ckpt = {
+        "epoch": 7,
+        "best_fitness": np.float64(0.3125),
+        "model": _as_official(copy.deepcopy(ours)).half(),
+        "ema": ema,
+        "updates": 812,
+        "optimizer": opt.state_dict(),
+        "opt": {"batch_size": 16, "imgsz": 640, "lr_scale": np.float32(0.5), "hyp": {"lr0": np.float64(0.01)}},
+        "git": {"commit": "5b1ea9a"},
+        "date": "2026-11-30T12:00:00",
+    }
+    path = tmp_path / "last.pt"
+    torch.save(ckpt, path)
+    got = read_checkpoint(path)
+    assert got["meta"]["epoch"] == 7
+    loaded = load_model(path)
+    x = torch.rand(1, 3, 96, 96)
+    assert rel_l2(loaded(x), ours.half().float()(x)) < 1e-6
+
+
+def test_numpy_arrays_and_other_numpy_globals_stay_refused(tmp_path):
+    """Only numpy's scalar and dtype classes are allowed: an array rebuild (numpy's _reconstruct) is refused."""
+    path = tmp_path / "arr.pt"
+    torch.save({"model": None, "x": np.zeros(3)}, path)
+    with pytest.raises(CheckpointError, match="_reconstruct|refused"):
+        read_checkpoint(path)

@@ -113,8 +113,11 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     ):
         assert kind in summary, kind
     assert "notes.jpg" in summary
-    bad_rows = [lab for p, lab in zip(ds.images, ds.labels) if p.name.startswith(messy_dataset.name)]
-    assert all(len(lab) <= 1 for lab in bad_rows)
+    rows = {p.stem: len(lab) for p, lab in zip(ds.images, ds.labels)}
+    stems = sorted(p.stem for p in (messy_dataset / "images").glob("0*.jpg"))  # the six copied photographs
+    # out-of-range file keeps its one valid row; empty, missing and garbage label files give background images
+    assert [rows[s] for s in stems[1:5]] == [1, 0, 0, 0]
+    assert rows[stems[5]] == len((messy_dataset / "labels" / f"{stems[5]}.txt").read_text().split("\n")) - 1
     loader = build_loader(ds, 4, 0, True, epochs=1)
     seen = sum(b[0].shape[0] for b in loader)
     assert seen == 5
@@ -195,3 +198,57 @@ def test_prepare_batch_equals_letterbox_image_by_image():
     assert torch.equal(batch, torch.stack([b for b, _ in one_by_one]))
     assert metas == [m for _, m in one_by_one]
     assert prepare_batch([], 320)[0].shape == (0, 3, 320, 320)
+
+
+def test_voc_yaml_split_files_and_class_names_from_the_xmls(coco48, tmp_path):
+    """BCCD-style: no names given, split files under ImageSets/Main named by the YAML's train:/val: keys."""
+    root = tmp_path / "bccd"
+    _make_voc(root, coco48, n=4)
+    stems = sorted(p.stem for p in (root / "JPEGImages").glob("*.jpg"))
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    (root / "ImageSets" / "Main" / "trainval.txt").write_text("\n".join(stems[:3]) + "\n")
+    (root / "ImageSets" / "Main" / "test.txt").write_text(stems[3] + "\n")
+    cfg = {"path": "bccd", "format": "voc", "train": "ImageSets/Main/trainval.txt", "val": "ImageSets/Main/test.txt"}
+    (tmp_path / "bccd.yaml").write_text(yaml.safe_dump(cfg))
+    spec = resolve_data(tmp_path / "bccd.yaml")
+    train, val = load_split(spec, "train"), load_split(spec, "val")
+    assert train.names == val.names == ["car", "dog", "person", "unicorn"]  # sorted names found in the XMLs
+    assert [p.stem for p in train.images] == stems[:3] and [p.stem for p in val.images] == stems[3:]
+    assert [len(lab) for lab in train.labels] == [2, 3, 4] and [len(lab) for lab in val.labels] == [5]
+    assert "unknown class" not in train.problems.summary()
+    # a VOC folder given directly uses its ImageSets/Main/trainval.txt for training too
+    assert [p.stem for p in load_split(resolve_data(root), "train").images] == stems[:3]
+
+
+@pytest.mark.parametrize(
+    "content,expect",
+    [
+        ({"path": "nowhere", "train": "images", "names": ["a"]}, "path: nowhere"),
+        ({"train": "images/train", "val": "images/val", "names": ["a"]}, "train: images/train"),
+        ({"names": ["a"]}, "no train: key"),
+        ({"train": "."}, "no names: key"),
+        ({"train": ".", "names": ["a"], "format": "darknet"}, "choose yolo, coco or voc"),
+    ],
+)
+def test_yaml_that_points_at_nothing_names_the_path_and_the_fix(tmp_path, content, expect):
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(content))
+    with pytest.raises((FileNotFoundError, ValueError), match=expect) as e:
+        resolve_data(tmp_path / "d.yaml")
+    assert "d.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_named_dataset_lookup_and_the_shipped_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("YOLOV9_DATASETS", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no ../shared/datasets or ./datasets from here
+    with pytest.raises(FileNotFoundError, match="not found.*YOLOV9_DATASETS.*coco48"):
+        resolve_data("no_such_set")
+    spec = resolve_data("coco48")
+    assert spec["format"] == "yolo" and spec["name"] == "coco48"
+    import core.paths
+    import train.data.formats as formats
+
+    monkeypatch.setattr(formats, "PACKAGE_ROOT", tmp_path / "pkg")  # hide the checkout's ../shared
+    assert resolve_data(None)["root"] == core.paths.SHIPPED_DATASETS / "coco48"
+    assert "using the shipped sample coco48" in capsys.readouterr().out
+    (tmp_path / "coco128" / "images").mkdir(parents=True)
+    assert resolve_data(None)["root"] == tmp_path / "coco128"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,51 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
     assert all(r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1 for r in rows)
     assert all(r["aten_ops_per_step"] > 100 for r in rows)  # a real forward/backward/optimizer step ran
     assert "aten::convolution" in (tmp_path / "profile.txt").read_text()
+
+
+def test_failed_setup_leaves_no_run_folder_and_keeps_latest(tmp_path, capsys):
+    project = tmp_path / "runs"
+    (project / "exp").mkdir(parents=True)
+    (project / "latest").symlink_to("exp")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("path: .\ntrain: images/missing\nnames: [a]\n")
+    with pytest.raises(FileNotFoundError, match="train: images/missing"):
+        Trainer(_cfg(bad, project, epochs=1, name="broken")).fit()
+    assert sorted(p.name for p in project.iterdir()) == ["exp", "latest"]
+    assert (project / "latest").readlink() == Path("exp")
+    r = subprocess.run(
+        [sys.executable, "-m", "yolov9", "train", "--data", str(bad), "--project", str(project), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "bad.yaml" in r.stderr, r.stderr
+    assert sorted(p.name for p in project.iterdir()) == ["exp", "latest"]
+
+
+def test_trainer_prints_what_each_split_holds(subset, tmp_path, capsys):
+    Trainer(_cfg(subset, tmp_path, epochs=1, val=True))
+    out = capsys.readouterr().out
+    assert "train: 16 images (0 background)" in out and "val: 16 images" in out and "80 classes" in out
+
+
+def test_every_help_names_each_default_once():
+    """Every flag of every subcommand has a help text, and none shows its default twice."""
+    from yolov9.cli import HelpFormatter, _all_parsers, build_parser
+
+    for parser in _all_parsers(build_parser()):
+        fmt = HelpFormatter(parser.prog)
+        for action in parser._actions:
+            if not action.option_strings or action.help == "==SUPPRESS==" or "-h" in action.option_strings:
+                continue
+            assert action.help, f"{parser.prog} {action.option_strings[0]} has no help"
+            text = fmt._get_help_string(action) % {"default": action.default}
+            assert text.count("(default") <= 1, f"{parser.prog} {action.option_strings[0]}: {text}"
+    out = subprocess.run(
+        [sys.executable, "-m", "yolov9", "train", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},  # one line per flag
+    ).stdout
+    assert "(default: yolov9-s)" in out and out.count("(default: 640)") == 1

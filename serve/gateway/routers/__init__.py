@@ -1,0 +1,1 @@
+"""The gateway's routes: detection, and the service routes (models, health, readiness, metrics)."""

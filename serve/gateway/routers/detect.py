@@ -1,0 +1,111 @@
+"""POST /v1/detect, /v1/detect/batch and /v1/detect/annotated."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+from fastapi import APIRouter, Depends, File, Request, UploadFile
+from fastapi.responses import JSONResponse, Response
+
+from core.image_io import detections_to_json
+from serve.gateway import metrics
+from serve.gateway.backend import BackendError, TritonPool
+from serve.gateway.dependencies import (
+    check_content_type,
+    detect_params,
+    get_pool,
+    image_hw,
+    read_image,
+    require_key,
+)
+from serve.gateway.errors import GatewayError
+from serve.gateway.schemas import BatchResponse, DetectParams, DetectResponse
+from serve.gateway.settings import Settings, get_settings
+
+router = APIRouter(prefix="/v1/detect", dependencies=[Depends(require_key)])
+
+
+async def detect_one(request: Request, data: bytes, p: DetectParams, pool: TritonPool, settings: Settings) -> dict:
+    """One image through Triton, as the JSON body of a DetectResponse."""
+    h, w = image_hw(data)
+    state = request.app.state
+    if state.in_flight >= settings.max_in_flight:
+        raise GatewayError(503, "overloaded", "too many requests in flight", retry_after=1)
+    state.in_flight += 1
+    metrics.IN_FLIGHT.inc()
+    t0 = time.perf_counter()
+    try:
+        names = await pool.class_names()
+        if p.classes and max(p.classes) >= len(names):
+            bad = sorted(c for c in p.classes if c >= len(names))
+            raise GatewayError(422, "invalid_parameters", f"classes: {bad} not among the model's {len(names)} classes")
+        det = await pool.detect(data, p.conf, p.iou, p.max_det, p.classes)
+    except BackendError as e:
+        raise GatewayError.from_backend(e) from None
+    finally:
+        state.in_flight -= 1
+        metrics.IN_FLIGHT.dec()
+    # plain dicts answered as JSONResponse: the response_model stays the documented schema, without a
+    # per-detection pydantic validation on the hot path
+    return {
+        "detections": detections_to_json(det, names),
+        "width": w,
+        "height": h,
+        "latency_ms": round(1000 * (time.perf_counter() - t0), 2),
+    }
+
+
+@router.post("", response_model=DetectResponse, summary="Detect objects in one image (multipart 'file' or raw body)")
+async def detect(
+    request: Request,
+    params: DetectParams = Depends(detect_params),
+    data: bytes = Depends(read_image),
+    pool: TritonPool = Depends(get_pool),
+    settings: Settings = Depends(get_settings),
+):
+    return JSONResponse(await detect_one(request, data, params, pool, settings))
+
+
+@router.post("/batch", response_model=BatchResponse, summary="Detect objects in several images (multipart 'files')")
+async def detect_batch(
+    request: Request,
+    params: DetectParams = Depends(detect_params),
+    files: list[UploadFile] = File(...),
+    pool: TritonPool = Depends(get_pool),
+    settings: Settings = Depends(get_settings),
+):
+    if len(files) > settings.max_batch_images:
+        raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
+    blobs = []
+    for f in files:
+        check_content_type((f.content_type or "application/octet-stream").split(";")[0], f"{f.filename}: content type")
+        data = await f.read(settings.max_upload_bytes + 1)
+        if len(data) > settings.max_upload_bytes:
+            raise GatewayError(413, "too_large", f"{f.filename}: over {settings.max_upload_bytes} bytes")
+        blobs.append(data)
+    metrics.BATCH_SIZE.observe(len(blobs))
+    results = await asyncio.gather(*(detect_one(request, b, params, pool, settings) for b in blobs))
+    return JSONResponse({"results": list(results)})
+
+
+@router.post(
+    "/annotated",
+    responses={200: {"content": {"image/jpeg": {}}}},
+    summary="The image with detected boxes drawn on it (JPEG)",
+)
+async def detect_annotated(
+    request: Request,
+    params: DetectParams = Depends(detect_params),
+    data: bytes = Depends(read_image),
+    pool: TritonPool = Depends(get_pool),
+    settings: Settings = Depends(get_settings),
+):
+    from PIL import Image
+
+    from core.draw import draw_detections, encode_jpeg
+
+    res = await detect_one(request, data, params, pool, settings)
+    out = draw_detections(Image.open(io.BytesIO(data)), res["detections"])
+    return Response(encode_jpeg(out), media_type="image/jpeg")

@@ -1,0 +1,28 @@
+"""The gateway's settings, from YOLOV9_* environment variables (set by `yolov9 serve gateway`)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="YOLOV9_")
+
+    triton_urls: str = "127.0.0.1:8001"  # comma list of Triton gRPC endpoints
+    model: str = "yolov9"
+    max_upload_bytes: int = 20 * 2**20
+    max_in_flight: int = 512  # per worker; beyond it requests get 503 + Retry-After
+    timeout_s: float = 30.0
+    api_key: str | None = None  # when set, clients send it as the X-API-Key header
+    max_batch_images: int = 64
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [u for u in self.triton_urls.split(",") if u]
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
