@@ -38,12 +38,8 @@ def bbox2dist(anchors: torch.Tensor, bbox: torch.Tensor, reg_max: float) -> torc
 
 
 def xywh2xyxy(x: torch.Tensor) -> torch.Tensor:
-    xy, wh = x[..., :2], x[..., 2:4] / 2
-    return torch.cat((xy - wh, xy + wh), -1)
-
-
-def xyxy2xywh(x: torch.Tensor) -> torch.Tensor:
-    return torch.cat(((x[..., :2] + x[..., 2:4]) / 2, x[..., 2:4] - x[..., :2]), -1)
+    """Centre-size boxes (..., 4) as corners."""
+    return torchvision.ops.box_convert(x, "cxcywh", "xyxy")
 
 
 def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -87,64 +83,3 @@ def scale_boxes_back(boxes: torch.Tensor, ratio, pad, orig_hw) -> torch.Tensor:
     wh = hw.flip(-1)
     out = ((boxes[..., :4] - torch.cat((pad, pad), -1)) / (r[..., None] if r.ndim else r)).clamp(min=0)
     return torch.minimum(out, torch.cat((wh, wh), -1))
-
-
-def non_max_suppression(
-    pred: torch.Tensor,
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
-    max_det: int | list[int] = 300,
-    classes: list[int] | list[list[int] | None] | None = None,
-    max_nms: int = 30000,
-) -> list[torch.Tensor]:
-    """Per-image detections (n, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions.
-
-    Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
-    suppresses per (image, class) for the whole batch. conf, max_det and classes may be given per image (the
-    server batches requests with different parameters)."""
-    det, _, _, counts = nms_flat(pred, conf, iou, max_det, classes, max_nms)
-    return list(det.split(counts))
-
-
-def nms_flat(
-    pred: torch.Tensor,
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
-    max_det: int | list[int] = 300,
-    classes: list[int] | list[list[int] | None] | None = None,
-    max_nms: int = 30000,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """non_max_suppression() for the whole batch at once: all detections (N, 6) grouped by image (score order
-    within each), the image of each row (N,), its rank within that image (N,), and the rows per image. Two host
-    synchronisations per batch besides the NMS kernel's own, however many images."""
-    if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
-        pred = pred[-1]
-    b, nc = pred.shape[0], pred.shape[1] - 4
-    dev = pred.device
-    per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
-    per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
-    scores, cls = pred[:, 4:].max(1)  # (B, A)
-    if classes is not None:
-        per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
-        allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
-        for i, c in enumerate(per_image):
-            if c is not None:
-                allow[i] = False
-                allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
-        scores = torch.where(allow.gather(1, cls), scores, torch.zeros_like(scores))
-    img, anchor = (scores > per_conf[:, None]).nonzero(as_tuple=True)
-    s, c = scores[img, anchor], cls[img, anchor]
-    if s.numel() > max_nms * b:
-        top = s.topk(max_nms * b).indices
-        img, anchor, s, c = img[top], anchor[top], s[top], c[top]
-    boxes = xywh2xyxy(pred[img, :4, anchor])
-    keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
-    owner = img[keep]
-    order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
-    keep, owner = keep[order], owner[order]
-    counts = torch.bincount(owner, minlength=b)
-    rank = torch.arange(len(owner), device=dev) - (counts.cumsum(0) - counts)[owner]
-    sel = (rank < per_max[owner]).nonzero().squeeze(1)
-    keep, owner, rank = keep[sel], owner[sel], rank[sel]
-    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
-    return det, owner, rank, torch.minimum(counts, per_max).tolist()

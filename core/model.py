@@ -10,7 +10,7 @@ import torch
 import yaml
 from torch import nn
 
-from core.modules import MODULES, Conv, Detect, RepConvN
+from core.modules import MODULES, Conv, Detect, RepConvN, make_divisible
 
 CFG_DIR = Path(__file__).parent / "cfg"
 # Layers whose first argument is the output width (input width is inserted in front, as officially).
@@ -71,7 +71,7 @@ def parse_layers(d: dict, ch: int = 3) -> tuple[nn.Sequential, list[int]]:
         n = max(round(n * gd), 1) if n > 1 else n
         cin = chs[f] if isinstance(f, int) else None
         if name in _WIDTH_FIRST:
-            c2 = make_width(args[0] * gw)
+            c2 = make_divisible(args[0] * gw, 8)
             args = [cin, c2, *args[1:]]
         elif name == "Concat":
             c2 = sum(chs[x] for x in f)
@@ -93,10 +93,6 @@ def parse_layers(d: dict, ch: int = 3) -> tuple[nn.Sequential, list[int]]:
             chs = []
         chs.append(c2)
     return nn.Sequential(*layers), sorted(save)
-
-
-def make_width(x: float, divisor: int = 8) -> int:
-    return int(-(-x // divisor) * divisor)
 
 
 class DetectionModel(nn.Module):

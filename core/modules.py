@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import fuse_conv_bn_eval
 
 from core.boxes import dist2bbox, make_anchors
 
@@ -23,26 +24,8 @@ def autopad(k: int, p: int | None = None) -> int:
 
 
 def fold_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
-    """A conv with bias equal to conv followed by eval-mode BN."""
-    fused = (
-        nn.Conv2d(
-            conv.in_channels,
-            conv.out_channels,
-            conv.kernel_size,
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            conv.groups,
-            bias=True,
-        )
-        .requires_grad_(False)
-        .to(conv.weight.device)
-    )
-    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-    fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
-    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
-    fused.bias.copy_(bn.bias + (bias - bn.running_mean) * scale)
-    return fused
+    """A conv with bias equal to conv followed by eval-mode BN (inference only)."""
+    return fuse_conv_bn_eval(conv.eval(), bn.eval()).requires_grad_(False)
 
 
 class Conv(nn.Module):
@@ -308,15 +291,6 @@ class Detect(nn.Module):
         box, cls = torch.cat([f.flatten(2) for f in feats], 2).split((4 * self.reg_max, self.nc), 1)
         dbox = dist2bbox(dfl(box), anchors.transpose(0, 1).unsqueeze(0), xywh=True, dim=1) * strides.transpose(0, 1)
         return torch.cat((dbox, cls.sigmoid()), 1)
-
-    def drop_groups(self, keep: int) -> None:
-        """Keep only group `keep`, renamed to group 0 (re-parameterization to a single-head model)."""
-        box, cls, dfl = self.branches(keep)
-        for g in range(self.groups):
-            for name in (f"cv{2 + 2 * g}", f"cv{3 + 2 * g}", "dfl" if g == 0 else f"dfl{g + 1}"):
-                delattr(self, name)
-        self.cv2, self.cv3, self.dfl = box, cls, dfl
-        self.groups = 1
 
 
 MODULES: dict[str, type[nn.Module]] = {

@@ -1,5 +1,5 @@
-"""Image decoding, letterboxing and mapping detections back: the one pre/post-processing path used by
-validation, prediction, export checks and the server (on the CPU or on the GPU, same code)."""
+"""Image decoding and letterboxing: the one pre-processing path used by validation, prediction, export checks and
+the server (on the CPU or on the GPU, same code); core/postprocess.py maps the detections back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torchvision
 from PIL import Image
 
-from core.boxes import letterbox_params, nms_flat, scale_boxes_back
+from core.boxes import letterbox_params
 from core.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size  # noqa: F401 (defined there)
 
 PAD_VALUE = 114
@@ -119,35 +119,3 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
         for k in idx:
             metas[k] = LetterboxMeta((h, w), r, (pl, pt))
     return out, metas
-
-
-def postprocess(
-    pred: torch.Tensor,
-    metas: list[LetterboxMeta],
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
-    max_det: int | list[int] = 300,
-    classes: list[int] | list[list[int] | None] | None = None,
-) -> list[torch.Tensor]:
-    """Decoded predictions -> per-image (n, 6) detections (x1, y1, x2, y2, score, class) in original pixels."""
-    det, _, _, counts = postprocess_flat(pred, metas, conf, iou, max_det, classes)
-    return list(det.split(counts))
-
-
-def postprocess_flat(
-    pred: torch.Tensor,
-    metas: list[LetterboxMeta],
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
-    max_det: int | list[int] = 300,
-    classes: list[int] | list[list[int] | None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """postprocess() as nms_flat() returns it: all detections (N, 6) in original pixels grouped by image, the
-    image of each row, its rank within that image and the rows per image; mapped back for the whole batch at
-    once."""
-    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes)
-    # ratio, pad left/top, orig h/w per image: one host-to-device copy, then one row per detection
-    per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
-    per_det = per_image.reshape(-1, 5)[owner]
-    boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
-    return torch.cat((boxes, det[:, 4:]), 1), owner, rank, counts

@@ -131,7 +131,8 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
 
 def _predict(args: argparse.Namespace) -> None:
     from core.draw import draw_detections
-    from core.preprocess import ImageError, decode_image, detections_to_json, postprocess, prepare_batch, to_input
+    from core.postprocess import per_image, postprocess_flat
+    from core.preprocess import ImageError, decode_image, detections_to_json, prepare_batch, to_input
     from export.engine import engine_spec, load_engine
 
     engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img)
@@ -154,7 +155,7 @@ def _predict(args: argparse.Namespace) -> None:
             continue
         batch, metas = prepare_batch([im], engine.img_size, engine.device)
         pred = engine(to_input(batch, engine.dtype))
-        det = postprocess(pred, metas, args.conf, args.iou, args.max_det, args.classes)[0].cpu()
+        det = per_image(postprocess_flat(pred, metas, args.conf, args.iou, args.max_det, args.classes))[0].cpu()
         dets = detections_to_json(det, engine.names)
         print(json.dumps({"image": str(f), "detections": dets}))
         if args.save:

@@ -45,7 +45,7 @@ class _NMS(torch.autograd.Function):
 
 class End2End(nn.Module):
     """Deployed model + best-class-per-anchor NMS per class + fixed-size outputs, matching
-    core.boxes.non_max_suppression."""
+    core.postprocess.nms_flat."""
 
     def __init__(self, model: nn.Module, conf: float, iou: float, max_det: int):
         super().__init__()

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from core.preprocess import ImageError, decode_images, postprocess_flat, prepare_batch, to_input
+from core.postprocess import postprocess_flat
+from core.preprocess import ImageError, decode_images, prepare_batch, to_input
 from export.cuda_graph import CudaGraphEngine
 from export.engine import load_engine
 

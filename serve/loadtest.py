@@ -9,7 +9,6 @@ import csv
 import json
 import multiprocessing as mp
 import os
-import re
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -48,14 +47,8 @@ def _error_kind(status: int | None, exc: BaseException | None) -> str:
     return f"http_{status}"
 
 
-async def _run_step(step: Step, images: list[bytes], t_start: float, share: float) -> list[tuple]:
-    """Samples (start time, latency s, error kind or '', backend s or None) from this process's share of the load.
-    The backend time is the gateway's own `latency_ms` (its wait on Triton): it tells whether a slow response
-    was slow inside Triton or in front of it."""
-    samples: list[tuple] = []
-    end = t_start + step.warmup + step.duration
-    budget = int(step.requests * share) if step.requests else None
-    counter = [0]
+def _client(step: Step):
+    """(send, close) for the step's target: send(image bytes) -> (error kind or '', backend seconds or None)."""
     if step.target == "gateway":
         import aiohttp
 
@@ -70,24 +63,32 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
                     return _error_kind(r.status, None), None
                 return "", json.loads(body)["latency_ms"] / 1000
 
-        async def close():
-            await session.close()
-    else:
-        import tritonclient.grpc.aio as grpcclient
+        return send, session.close
+    import tritonclient.grpc.aio as grpcclient
 
-        client = grpcclient.InferenceServerClient(step.url)
+    client = grpcclient.InferenceServerClient(step.url)
 
-        async def send(data: bytes) -> tuple[str, float | None]:
-            arr = np.frombuffer(data, dtype=np.uint8)[None]
-            inp = grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")
-            inp.set_data_from_numpy(arr)
-            conf = grpcclient.InferInput("CONF", [1, 1], "FP32")
-            conf.set_data_from_numpy(np.array([[step.conf]], np.float32))
-            await client.infer(step.model, [inp, conf], client_timeout=step.timeout)
-            return "", None
+    async def send(data: bytes) -> tuple[str, float | None]:
+        arr = np.frombuffer(data, dtype=np.uint8)[None]
+        inp = grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")
+        inp.set_data_from_numpy(arr)
+        conf = grpcclient.InferInput("CONF", [1, 1], "FP32")
+        conf.set_data_from_numpy(np.array([[step.conf]], np.float32))
+        await client.infer(step.model, [inp, conf], client_timeout=step.timeout)
+        return "", None
 
-        async def close():
-            await client.close()
+    return send, client.close
+
+
+async def _run_step(step: Step, images: list[bytes], t_start: float, share: float) -> list[tuple]:
+    """Samples (start time, latency s, error kind or '', backend s or None) from this process's share of the load.
+    The backend time is the gateway's own `latency_ms` (its wait on Triton): it tells whether a slow response
+    was slow inside Triton or in front of it."""
+    samples: list[tuple] = []
+    end = t_start + step.warmup + step.duration
+    budget = int(step.requests * share) if step.requests else None
+    counter = [0]
+    send, close = _client(step)
 
     async def one(k: int) -> None:
         t0 = time.perf_counter()
@@ -141,6 +142,15 @@ def _proc_main(step: Step, images: list[bytes], t_start: float, share: float, q)
     q.put((samples, time.process_time() - cpu0))
 
 
+TRITON_COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_exec_count",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_count",
+)
+
+
 def scrape_triton(url: str | None) -> dict[str, float]:
     if not url:
         return {}
@@ -148,16 +158,15 @@ def scrape_triton(url: str | None) -> dict[str, float]:
         text = urllib.request.urlopen(url, timeout=3).read().decode()
     except OSError:
         return {}
-    out: dict[str, float] = {}
-    for name in (
-        "nv_inference_request_success",
-        "nv_inference_exec_count",
-        "nv_inference_queue_duration_us",
-        "nv_inference_compute_infer_duration_us",
-        "nv_inference_count",
-    ):
-        vals = re.findall(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.M)
-        out[name] = sum(float(v) for v in vals)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # summed over models and instances; the parser names counter samples with a _total suffix Triton does not use
+    out = dict.fromkeys(TRITON_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in out:
+                out[name] += sample.value
     return out
 
 

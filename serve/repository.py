@@ -12,48 +12,75 @@ import json
 import shutil
 from pathlib import Path
 
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
 from core.paths import sample_images
 from export.engine import weights_meta
 from export.metadata import EngineMeta
 
 TEMPLATE_DIR = Path(__file__).parent / "triton"
 
-_IO = """
-input [
-  { name: "IMAGE" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true },
-  { name: "CONF" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
-  { name: "IOU" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
-  { name: "MAX_DET" data_type: TYPE_INT32 dims: [ 1 ] optional: true },
-  { name: "CLASSES" data_type: TYPE_INT32 dims: [ -1 ] optional: true allow_ragged_batch: true }
-]
-output [
-  { name: "DETECTIONS" data_type: TYPE_FP32 dims: [ {max_det}, 6 ] },
-  { name: "NUM_DETS" data_type: TYPE_INT32 dims: [ 1 ] }
-]"""
+
+def _tensor(name: str, dtype: int, dims: list[int], **kw) -> dict:
+    return {"name": name, "data_type": dtype, "dims": dims, **kw}
 
 
-def _batching(preferred: list[int], queue_delay_us: int, max_queue: int) -> str:
+def _detect_io(config: mc.ModelConfig, max_det: int) -> None:
+    """The python-backend model's inputs (encoded image bytes and optional per-request parameters) and outputs."""
+    config.input.extend(
+        [
+            mc.ModelInput(**_tensor("IMAGE", mc.TYPE_UINT8, [-1], allow_ragged_batch=True)),
+            mc.ModelInput(**_tensor("CONF", mc.TYPE_FP32, [1], optional=True)),
+            mc.ModelInput(**_tensor("IOU", mc.TYPE_FP32, [1], optional=True)),
+            mc.ModelInput(**_tensor("MAX_DET", mc.TYPE_INT32, [1], optional=True)),
+            mc.ModelInput(**_tensor("CLASSES", mc.TYPE_INT32, [-1], optional=True, allow_ragged_batch=True)),
+        ]
+    )
+    _outputs(config, max_det)
+
+
+def _outputs(config: mc.ModelConfig, max_det: int) -> None:
+    config.output.extend(
+        [
+            mc.ModelOutput(**_tensor("DETECTIONS", mc.TYPE_FP32, [max_det, 6])),
+            mc.ModelOutput(**_tensor("NUM_DETS", mc.TYPE_INT32, [1])),
+        ]
+    )
+
+
+def _batching(config: mc.ModelConfig, preferred: list[int], queue_delay_us: int, max_queue: int) -> None:
     # without preferred sizes Triton sends whatever is queued (up to max_batch) once an instance is free
-    sizes = f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n" if preferred else ""
-    return (
-        f"dynamic_batching {{\n{sizes}"
-        f"  max_queue_delay_microseconds: {queue_delay_us}\n"
-        f"  default_queue_policy {{ max_queue_size: {max_queue} }}\n}}"
-    )
+    config.dynamic_batching.preferred_batch_size.extend(preferred)
+    config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+    config.dynamic_batching.default_queue_policy.max_queue_size = max_queue
 
 
-def _params(d: dict) -> str:
-    return "\n".join(
-        f'parameters {{ key: "{k}" value: {{ string_value: {json.dumps(str(v), ensure_ascii=False)} }} }}'
-        for k, v in d.items()
-    )
+def _params(config: mc.ModelConfig, d: dict) -> None:
+    for k, v in d.items():
+        config.parameters[k].string_value = str(v)
 
 
-def _warmup(name: str, sample: Path) -> str:
-    return (
-        f'model_warmup [{{ name: "{name}" batch_size: 1 inputs {{ key: "IMAGE" value: '
-        f'{{ data_type: TYPE_UINT8 dims: [ {sample.stat().st_size} ] input_data_file: "{sample.name}" }} }} }}]'
-    )
+def _instances(config: mc.ModelConfig, count: int, kind: str) -> None:
+    gpu = mc.ModelInstanceGroup.KIND_GPU if kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU
+    config.instance_group.add(count=count, kind=gpu)
+
+
+def _warmup(config: mc.ModelConfig, sample: Path) -> None:
+    w = config.model_warmup.add(name="sample", batch_size=1)
+    w.inputs["IMAGE"].data_type = mc.TYPE_UINT8
+    w.inputs["IMAGE"].dims.append(sample.stat().st_size)
+    w.inputs["IMAGE"].input_data_file = sample.name
+
+
+def write_config(folder: Path, config: mc.ModelConfig) -> Path:
+    out = folder / "config.pbtxt"
+    out.write_text(text_format.MessageToString(config))
+    return out
+
+
+def read_config(folder: Path) -> mc.ModelConfig:
+    return text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
 
 
 def build_repo(
@@ -102,34 +129,18 @@ def build_repo(
         kind = "gpu" if torch.cuda.is_available() else "cpu"
     meta = weights_meta(engine)  # the engine's own size and classes (a checkpoint's training size)
     img_size = img_size or meta.img_size
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch)
+    _detect_io(config, max_det)
+    _batching(config, preferred, queue_delay_us, max_queue)
+    _instances(config, instances, kind)
+    params = {"engine": engine_ref, "max_det": max_det, "img_size": img_size, "names": json.dumps(meta.names)}
+    _params(config, {**params, "cuda_graphs": int(cuda_graphs)})
     sample = next(iter(sample_images()), None)
-    warm = ""
     if sample is not None:
         (model_dir / "warmup").mkdir()
         shutil.copy(sample, model_dir / "warmup" / sample.name)
-        warm = _warmup("sample", model_dir / "warmup" / sample.name)
-    config = "\n".join(
-        [
-            f'name: "{name}"',
-            'backend: "python"',
-            f"max_batch_size: {max_batch}",
-            _IO.replace("{max_det}", str(max_det)),
-            _batching(preferred, queue_delay_us, max_queue),
-            f"instance_group [ {{ count: {instances} kind: {'KIND_GPU' if kind == 'gpu' else 'KIND_CPU'} }} ]",
-            _params(
-                {
-                    "engine": engine_ref,
-                    "max_det": max_det,
-                    "img_size": img_size,
-                    "names": json.dumps(meta.names),
-                    "cuda_graphs": int(cuda_graphs),
-                }
-            ),
-            warm,
-            "",
-        ]
-    )
-    (model_dir / "config.pbtxt").write_text(config)
+        _warmup(config, model_dir / "warmup" / sample.name)
+    write_config(model_dir, config)
     if trt_variant:
         _write_trt_variant(
             repo, name, engine, max_batch, preferred, queue_delay_us, instances, max_det, img_size, max_queue, kind
@@ -152,84 +163,48 @@ def _write_trt_variant(
 ) -> None:
     """Pre/post-processing stay in python models around the tensorrt_plan model, so the ensemble keeps the API.
     The plan always runs on the GPU; `kind` places the python stages (cpu lets them be tested without one)."""
-    stage_kind = "KIND_GPU" if kind == "gpu" else "KIND_CPU"
     plan_dir = repo / f"{name}_plan" / "1"
     plan_dir.mkdir(parents=True, exist_ok=True)
     if engine.suffix == ".plan" and engine.exists():
         shutil.copy(engine, plan_dir / "model.plan")
-    (plan_dir.parent / "config.pbtxt").write_text(
-        "\n".join(
-            [
-                f'name: "{name}_plan"',
-                'platform: "tensorrt_plan"',
-                f"max_batch_size: {max_batch}",
-                f'input [ {{ name: "images" data_type: TYPE_FP16 dims: [ 3, {img_size}, {img_size} ] }} ]',
-                'output [ { name: "output0" data_type: TYPE_FP16 dims: [ -1, -1 ] } ]',
-                _batching(preferred, queue_delay_us, max_queue),
-                f"instance_group [ {{ count: {instances} kind: KIND_GPU }} ]",
-                "",
-            ]
-        )
-    )
-    for stage in ("pre", "post"):
+    image = _tensor("images", mc.TYPE_FP16, [3, img_size, img_size])
+    raw = _tensor("output0", mc.TYPE_FP16, [-1, -1])
+    plan = mc.ModelConfig(name=f"{name}_plan", platform="tensorrt_plan", max_batch_size=max_batch)
+    plan.input.add(**image)
+    plan.output.add(**raw)
+    _batching(plan, preferred, queue_delay_us, max_queue)
+    _instances(plan, instances, "gpu")
+    write_config(plan_dir.parent, plan)
+
+    meta = _tensor("META", mc.TYPE_FP32, [5])
+    pre = mc.ModelConfig(name=f"{name}_pre", backend="python", max_batch_size=max_batch)
+    pre.input.add(**_tensor("IMAGE", mc.TYPE_UINT8, [-1], allow_ragged_batch=True))
+    pre.output.extend([mc.ModelOutput(**image), mc.ModelOutput(**meta)])
+    _batching(pre, preferred, queue_delay_us, max_queue)
+    _instances(pre, 1, kind)
+    _params(pre, {"img_size": img_size})
+    post = mc.ModelConfig(name=f"{name}_post", backend="python", max_batch_size=max_batch)
+    post.input.extend([mc.ModelInput(**raw), mc.ModelInput(**meta)])
+    _outputs(post, max_det)
+    _instances(post, 1, kind)
+    _params(post, {"max_det": max_det, "conf": 0.25, "iou": 0.45})
+    for stage, config in (("pre", pre), ("post", post)):
         d = repo / f"{name}_{stage}" / "1"
         d.mkdir(parents=True, exist_ok=True)
         shutil.copy(TEMPLATE_DIR / f"{stage}.py", d / "model.py")
-    (repo / f"{name}_pre" / "config.pbtxt").write_text(
-        "\n".join(
-            [
-                f'name: "{name}_pre"',
-                'backend: "python"',
-                f"max_batch_size: {max_batch}",
-                'input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ -1 ] allow_ragged_batch: true } ]',
-                f'output [ {{ name: "images" data_type: TYPE_FP16 dims: [ 3, {img_size}, {img_size} ] }},',
-                '         { name: "META" data_type: TYPE_FP32 dims: [ 5 ] } ]',
-                _batching(preferred, queue_delay_us, max_queue),
-                f"instance_group [ {{ count: 1 kind: {stage_kind} }} ]",
-                _params({"img_size": img_size}),
-                "",
-            ]
-        )
-    )
-    (repo / f"{name}_post" / "config.pbtxt").write_text(
-        "\n".join(
-            [
-                f'name: "{name}_post"',
-                'backend: "python"',
-                f"max_batch_size: {max_batch}",
-                'input [ { name: "output0" data_type: TYPE_FP16 dims: [ -1, -1 ] },',
-                '        { name: "META" data_type: TYPE_FP32 dims: [ 5 ] } ]',
-                f'output [ {{ name: "DETECTIONS" data_type: TYPE_FP32 dims: [ {max_det}, 6 ] }},',
-                '         { name: "NUM_DETS" data_type: TYPE_INT32 dims: [ 1 ] } ]',
-                f"instance_group [ {{ count: 1 kind: {stage_kind} }} ]",
-                _params({"max_det": max_det, "conf": 0.25, "iou": 0.45}),
-                "",
-            ]
-        )
-    )
+        write_config(d.parent, config)
+
+    ens = mc.ModelConfig(name=f"{name}_trt", platform="ensemble", max_batch_size=max_batch)
+    ens.input.add(**_tensor("IMAGE", mc.TYPE_UINT8, [-1]))
+    _outputs(ens, max_det)
     steps = [
         ("_pre", {"IMAGE": "IMAGE"}, {"images": "images", "META": "meta"}),
         ("_plan", {"images": "images"}, {"output0": "raw"}),
         ("_post", {"output0": "raw", "META": "meta"}, {"DETECTIONS": "DETECTIONS", "NUM_DETS": "NUM_DETS"}),
     ]
-    body = []
-    for suffix, inp, out in steps:
-        maps = " ".join(f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inp.items())
-        maps += " " + " ".join(f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in out.items())
-        body.append(f'    {{ model_name: "{name}{suffix}" model_version: -1 {maps} }}')
-    ens = repo / f"{name}_trt"
-    (ens / "1").mkdir(parents=True, exist_ok=True)
-    (ens / "config.pbtxt").write_text(
-        "\n".join(
-            [
-                f'name: "{name}_trt"',
-                'platform: "ensemble"',
-                f"max_batch_size: {max_batch}",
-                'input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ -1 ] } ]',
-                f'output [ {{ name: "DETECTIONS" data_type: TYPE_FP32 dims: [ {max_det}, 6 ] }},',
-                '         { name: "NUM_DETS" data_type: TYPE_INT32 dims: [ 1 ] } ]',
-                "ensemble_scheduling {\n  step [\n" + ",\n".join(body) + "\n  ]\n}",
-                "",
-            ]
+    for suffix, inputs, outputs in steps:
+        ens.ensemble_scheduling.step.add(
+            model_name=f"{name}{suffix}", model_version=-1, input_map=inputs, output_map=outputs
         )
-    )
+    (repo / f"{name}_trt" / "1").mkdir(parents=True, exist_ok=True)
+    write_config(repo / f"{name}_trt", ens)

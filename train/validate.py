@@ -13,7 +13,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from tqdm import tqdm
 
-from core.boxes import letterbox_params, non_max_suppression, scale_boxes_back
+from core.postprocess import per_image, postprocess_flat
 from train.data.dataset import DetectionDataset
 
 
@@ -58,15 +58,12 @@ def evaluate(
     """Runs `predict` over the loader (built on a non-augmenting DetectionDataset) and scores it."""
     ds: DetectionDataset = loader.dataset
     dets, shapes = [], {}
-    size = ds.img_size
-    for imgs, _, _, idx, hw in tqdm(loader, desc="val", leave=False, disable=not progress):
+    for imgs, _, _, idx, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
         x = imgs.to(device, non_blocking=True).to(dtype) / 255
-        for det, i, (h, w) in zip(non_max_suppression(predict(x), conf, iou, max_det), idx.tolist(), hw):
-            r, _, pad, _ = letterbox_params(h, w, size)
-            det = det.float().cpu()
-            boxes = scale_boxes_back(det[:, :4], r, pad, (h, w))
-            shapes[i] = (h, w)
-            for (x1, y1, x2, y2), s, c in zip(boxes.tolist(), det[:, 4].tolist(), det[:, 5].tolist()):
+        flat = postprocess_flat(predict(x).float(), metas, conf, iou, max_det)  # the loader carries the letterbox meta
+        for det, i, meta in zip(per_image(flat), idx.tolist(), metas):
+            shapes[i] = meta.orig_hw
+            for x1, y1, x2, y2, s, c in det.cpu().tolist():
                 dets.append([i, x1, y1, x2 - x1, y2 - y1, s, int(c)])
     return score(ds, shapes, dets)
 

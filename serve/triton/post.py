@@ -1,5 +1,5 @@
 """Triton python model after a tensorrt_plan engine: raw predictions + META -> fixed-size detections in
-original-image pixels (train/preprocess.postprocess, the one NMS of the project)."""
+original-image pixels (core/postprocess.py, the one NMS of the project)."""
 
 import json
 
@@ -7,7 +7,8 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from core.preprocess import LetterboxMeta, postprocess
+from core.postprocess import per_image, postprocess_flat
+from core.preprocess import LetterboxMeta
 
 
 class TritonPythonModel:
@@ -24,7 +25,7 @@ class TritonPythonModel:
             raw = torch.from_dlpack(pb_utils.get_input_tensor_by_name(req, "output0").to_dlpack()).float()
             meta = torch.from_dlpack(pb_utils.get_input_tensor_by_name(req, "META").to_dlpack()).reshape(-1).tolist()
             m = LetterboxMeta((int(meta[0]), int(meta[1])), meta[2], (meta[3], meta[4]))
-            det = postprocess(raw, [m], self.conf, self.iou, self.max_det)[0]
+            det = per_image(postprocess_flat(raw, [m], self.conf, self.iou, self.max_det))[0]
             dets = torch.zeros(1, self.max_det, 6, device=raw.device)
             dets[0, : len(det)] = det
             n = torch.tensor([[len(det)]], dtype=torch.int32, device=raw.device)

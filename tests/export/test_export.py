@@ -14,9 +14,9 @@ import onnx
 import pytest
 import torch
 
-from core.boxes import non_max_suppression
 from core.checkpoint import load_model, save_checkpoint
 from core.model import DetectionModel
+from core.postprocess import nms_flat, per_image
 from core.preprocess import decode_image, prepare_batch, to_input
 from export.engine import engine_spec, load_engine
 from export.onnx_export import OnnxEngine, export_onnx
@@ -64,7 +64,7 @@ def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco48):
     x = _coco_batch(coco48, 8, 160)
     num, boxes, scores, classes = eng.run_end2end(x)
     assert num.shape == (8, 1) and boxes.shape == (8, 100, 4) and scores.shape == (8, 100)
-    ref = non_max_suppression(TorchEngine(load_model(trained_tiny))(x), conf, iou, 100)
+    ref = per_image(nms_flat(TorchEngine(load_model(trained_tiny))(x), conf, iou, 100))
     assert sum(len(r) for r in ref) > 0
     for i, r in enumerate(ref):
         n = int(num[i, 0])
@@ -82,7 +82,7 @@ def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path
     x = _coco_batch(coco48, 4, 160)
     a, b = load_engine(trained_tiny, device="cpu")(x), load_engine(onnx_path)(x)
     assert rel_l2(b, a) < 1e-4
-    da, db = non_max_suppression(a, 0.05), non_max_suppression(b, 0.05)
+    da, db = per_image(nms_flat(a, 0.05)), per_image(nms_flat(b, 0.05))
     assert [len(d) for d in da] == [len(d) for d in db]
     weights = tmp_path / "w.pt"
     shutil.copy(trained_tiny, weights)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
+import json
 
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
-from serve.repository import build_repo
+from serve.repository import build_repo, read_config, write_config
 
 
 def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
@@ -22,13 +23,15 @@ def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
         img_size=640,
         trt_variant=True,
     )
-    cfg = (d / "config.pbtxt").read_text()
-    assert 'backend: "python"' in cfg and "max_batch_size: 32" in cfg and "KIND_GPU" in cfg and "count: 2" in cfg
-    assert "max_queue_delay_microseconds: 800" in cfg and "preferred_batch_size: [ 4, 8, 16, 32 ]" in cfg
-    assert "dims: [ 50, 6 ]" in cfg and "model_warmup" in cfg and (d / "1" / "model.py").exists()
+    cfg = read_config(d)
+    assert cfg.backend == "python" and cfg.max_batch_size == 32
+    assert [(g.kind, g.count) for g in cfg.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2)]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 800
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
+    assert list(next(o for o in cfg.output if o.name == "DETECTIONS").dims) == [50, 6]
+    assert cfg.model_warmup and (d / "1" / "model.py").exists()
     assert (d / "1" / checkpoint.name).exists()
-    names = re.search(r'key: "names" value: \{ string_value: "(.*)" \}', cfg).group(1)
-    assert "person" in names
+    assert json.loads(cfg.parameters["names"].string_value)[0] == "person"
     plan = (tmp_path / "det_plan" / "config.pbtxt").read_text()
     assert 'platform: "tensorrt_plan"' in plan and "TYPE_FP16" in plan
     ens = (tmp_path / "det_trt" / "config.pbtxt").read_text()
@@ -48,12 +51,12 @@ def test_preferred_batch_sizes(checkpoint, tmp_path):
     """The default caps batches at 32 with preferred sizes up to it; 'none' drops the line (Triton then sends
     whatever is queued); a list is written as given; sizes above the max batch are refused before anything in the
     repository is touched."""
-    default = (build_repo(checkpoint, tmp_path) / "config.pbtxt").read_text()
-    assert "max_batch_size: 32" in default and "preferred_batch_size: [ 4, 8, 16, 32 ]" in default
-    none = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[]) / "config.pbtxt").read_text()
-    assert "preferred_batch_size" not in none and "max_queue_delay_microseconds" in none
+    default = read_config(build_repo(checkpoint, tmp_path))
+    assert default.max_batch_size == 32 and list(default.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
+    none = read_config(build_repo(checkpoint, tmp_path, max_batch=16, preferred=[]))
+    assert not none.dynamic_batching.preferred_batch_size and none.dynamic_batching.max_queue_delay_microseconds
     cfg = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 16]) / "config.pbtxt").read_text()
-    assert "preferred_batch_size: [ 8, 16 ]" in cfg
+    assert list(read_config(tmp_path / "yolov9").dynamic_batching.preferred_batch_size) == [8, 16]
     with pytest.raises(ValueError, match="1..16"):
         build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 32])
     assert (tmp_path / "yolov9" / "config.pbtxt").read_text() == cfg
@@ -73,8 +76,9 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
     from tests.serve.conftest import free_port
 
     build_repo(trained_tiny, tmp_path / "repo", "det", max_batch=8, kind="cpu", img_size=160, trt_variant=True)
-    post_cfg = tmp_path / "repo" / "det_post" / "config.pbtxt"
-    post_cfg.write_text(post_cfg.read_text().replace('"0.25"', '"0.05"'))  # thresholds live in the config
+    post = read_config(tmp_path / "repo" / "det_post")
+    post.parameters["conf"].string_value = "0.05"  # thresholds live in the config
+    write_config(tmp_path / "repo" / "det_post", post)
     only_python = ["--model-control-mode=explicit", "--load-model=det_pre", "--load-model=det_post"]
     srv = TritonServer(
         tmp_path / "repo",

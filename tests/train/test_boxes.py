@@ -1,7 +1,8 @@
 import torch
 import torchvision
 
-from core.boxes import non_max_suppression, scale_boxes_back, xywh2xyxy
+from core.boxes import scale_boxes_back, xywh2xyxy
+from core.postprocess import nms_flat, per_image
 
 
 def _reference(pred, conf, iou, max_det):
@@ -23,7 +24,7 @@ def test_batched_nms_equals_per_image_nms():
     wh = torch.rand(b, 2, a, generator=g) * 60 + 4
     pred = torch.cat((xy, wh, torch.rand(b, nc, a, generator=g)), 1)
     conf, max_det = [0.5, 0.9, 0.2, 0.99, 0.7, 1.0], [100, 7, 30, 100, 1, 5]
-    got = non_max_suppression(pred, conf, 0.5, max_det)
+    got = per_image(nms_flat(pred, conf, 0.5, max_det))
     want = _reference(pred, conf, 0.5, max_det)
     assert [len(d) for d in got] == [len(d) for d in want] and len(got[-1]) == 0 and len(got[4]) == 1
     for d, w in zip(got, want):

@@ -5,7 +5,7 @@ Every function takes its random generator, so a sample is a pure function of (se
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -37,9 +37,6 @@ class Hyp:
     fliplr: float = 0.5
     mosaic: float = 1.0
     mixup: float = 0.15
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def letterbox_np(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int, int]]:

@@ -165,13 +165,13 @@ class DetectionDataset(Dataset):
     def _eval_item(self, i: int):
         """The inference path (train/preprocess.letterbox), so validation sees what prediction sees."""
         src = torch.from_numpy(self.load(i)).permute(2, 0, 1)
-        img, _ = letterbox(src, self.img_size)
-        return img, torch.from_numpy(self.labels[i].copy()), i, tuple(src.shape[1:])
+        img, meta = letterbox(src, self.img_size)
+        return img, torch.from_numpy(self.labels[i].copy()), i, meta
 
 
 def collate(batch):
     """-> uint8 images (B, 3, S, S), target rows (N, 6) = image, class, xywh, padded targets (B, max n, 5), idx,
-    and each image's (h, w) before letterboxing."""
+    and per image its (h, w) after augmentation (training) or its LetterboxMeta (validation)."""
     imgs, labs, idx, shapes = zip(*batch)
     rows = torch.cat([torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)], 0)
     return torch.stack(imgs), rows, pad_targets(rows, len(labs)), torch.tensor(idx), list(shapes)

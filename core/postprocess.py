@@ -1,0 +1,86 @@
+"""Post-processing, once for the whole project: NMS over a batch of decoded predictions (nms_flat), the same with
+boxes mapped back to original pixels (postprocess_flat), and the split into per-image tensors (per_image).
+Validation, prediction, export checks and the server all go through these."""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+
+from core.boxes import scale_boxes_back, xywh2xyxy
+from core.preprocess import LetterboxMeta
+
+Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
+
+
+def per_image(flat: Flat) -> list[torch.Tensor]:
+    """A flat result as one (n, 6) tensor per image: x1, y1, x2, y2, score, class."""
+    det, _, _, counts = flat
+    return list(det.split(counts))
+
+
+def nms_flat(
+    pred: torch.Tensor,
+    conf: float | list[float] = 0.25,
+    iou: float = 0.45,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
+    max_nms: int = 30000,
+) -> Flat:
+    """Detections (N, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions, for the whole
+    batch at once, grouped by image (score order within each), with the image of each row (N,), its rank within
+    that image (N,) and the rows per image. Two host synchronisations per batch besides the NMS kernel's own.
+
+    Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
+    suppresses per (image, class). conf, max_det and classes may be given per image (the server batches requests
+    with different parameters)."""
+    if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
+        pred = pred[-1]
+    b, nc = pred.shape[0], pred.shape[1] - 4
+    dev = pred.device
+    per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
+    per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
+    scores, cls = pred[:, 4:].max(1)  # (B, A)
+    if classes is not None:
+        per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
+        allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
+        for i, c in enumerate(per_image):
+            if c is not None:
+                allow[i] = False
+                allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
+        scores = torch.where(allow.gather(1, cls), scores, torch.zeros_like(scores))
+    img, anchor = (scores > per_conf[:, None]).nonzero(as_tuple=True)
+    s, c = scores[img, anchor], cls[img, anchor]
+    if s.numel() > max_nms * b:
+        top = s.topk(max_nms * b).indices
+        img, anchor, s, c = img[top], anchor[top], s[top], c[top]
+    boxes = xywh2xyxy(pred[img, :4, anchor])
+    keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
+    owner = img[keep]
+    order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
+    keep, owner = keep[order], owner[order]
+    counts = torch.bincount(owner, minlength=b)
+    rank = torch.arange(len(owner), device=dev) - (counts.cumsum(0) - counts)[owner]
+    sel = (rank < per_max[owner]).nonzero().squeeze(1)
+    keep, owner, rank = keep[sel], owner[sel], rank[sel]
+    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
+    return det, owner, rank, torch.minimum(counts, per_max).tolist()
+
+
+def postprocess_flat(
+    pred: torch.Tensor,
+    metas: list[LetterboxMeta],
+    conf: float | list[float] = 0.25,
+    iou: float = 0.45,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
+) -> Flat:
+    """nms_flat() with the boxes mapped back to original-image pixels through each image's letterbox meta, for the
+    whole batch at once: detections (N, 6) grouped by image, the image of each row, its rank within that image
+    and the rows per image."""
+    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes)
+    # ratio, pad left/top, orig h/w per image: one host-to-device copy, then one row per detection
+    per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
+    per_det = per_image.reshape(-1, 5)[owner]
+    boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
+    return torch.cat((boxes, det[:, 4:]), 1), owner, rank, counts

@@ -1,0 +1,84 @@
+"""The architecture as a test: core < train < export < serve < yolov9 (the CLI), imports only go down or stay
+within a layer, no module imports itself through others, and functions fit on a screen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["core", "train", "export", "serve", "yolov9"]
+MAX_LINES = 80
+PARSER_DECLARATIONS = ("register", "build_parser")  # argparse blocks may be long
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules imported anywhere in the file (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(p, modules) - {m} for m, p in modules.items()}
+
+
+def test_imports_only_go_down_the_layers():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = [
+        f"{m} -> {d}" for m, deps in _graph().items() for d in deps if rank[d.split(".")[0]] > rank[m.split(".")[0]]
+    ]
+    assert not upward, upward
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if d.startswith(m + "."):  # a package importing its own submodule is not a cycle
+                continue
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d) :] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, [*stack, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_functions_fit_on_a_screen():
+    long = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in PARSER_DECLARATIONS:
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, long
