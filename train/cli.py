@@ -15,7 +15,8 @@ _TRAIN_HELP = {
     "weights": "start from this checkpoint (official or ours); a different class count re-initialises class outputs",
     "img": "training and validation image size in pixels",
     "epochs": "number of epochs",
-    "batch": "batch size; -1 picks the largest that fits the GPU",
+    "batch": "global batch size, split evenly across the ranks of a multi-GPU run (so LR, warm-up and accumulation "
+    "stay those of one process with this batch); -1 picks the largest that fits each GPU",
     "nbs": "nominal batch size: gradients accumulate to about this many images per optimizer step",
     "accumulate": "override the accumulation steps computed from --nbs",
     "amp": "mixed precision: bf16, fp16 (with a gradient scaler) or off",
@@ -25,7 +26,8 @@ _TRAIN_HELP = {
     "close_mosaic": "turn mosaic off for the last N epochs",
     "cache": "keep decoded, resized images in 'ram' or on 'disk'",
     "workers": "data loader worker processes",
-    "device": "auto, cpu, or a CUDA index such as 0",
+    "device": "auto, cpu, a CUDA index such as 0, or a list such as 0,1 for one process per GPU (started through "
+    "torchrun's launcher; under an external torchrun each rank takes cuda:LOCAL_RANK)",
     "seed": "random seed (data order and augmentation are a function of seed, epoch and index)",
     "project": "folder of runs",
     "name": "run name (runs/train/NAME; a number is appended if it exists)",
@@ -35,6 +37,7 @@ _TRAIN_HELP = {
     "stop_after": "stop after N epochs of this run while keeping the --epochs schedule (continue with --resume)",
     "resume": "continue a run exactly: its folder or its weights/last.pt",
     "channels_last": "channels-last memory format on the GPU",
+    "sync_bn": "synchronise BatchNorm statistics across the GPUs of a multi-GPU run (SyncBatchNorm)",
     "cudnn_benchmark": "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen "
     "algorithms, and so the last bits of the results, may differ between runs)",
 }
@@ -83,9 +86,26 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from train import distributed
     from train.trainer import Trainer
 
-    summary = Trainer(_config(args)).fit()
+    devices = [d for d in args.device.split(",") if d]
+    if len(devices) > 1 and not distributed.under_torchrun():
+        if not all(d.isdigit() for d in devices):
+            raise ValueError(f"--device {args.device}: a list names CUDA indices, such as 0,1")
+        code = distributed.launch(devices, distributed.with_device(args.argv, "auto"))
+        if code:
+            raise RuntimeError(
+                f"training stopped: a rank failed (torchrun exit code {code}, its output above); "
+                f"weights/last.pt in the run folder holds the last completed epoch (continue with --resume)"
+            )
+        return
+    try:
+        summary = Trainer(_config(args)).fit()
+    finally:
+        distributed.close()
+    if summary["run_dir"] is None:  # ranks other than 0 report nothing
+        return
     last = summary.get("last", {})
     print(
         f"done: {summary['run_dir']}  mAP50-95 {last.get('map', float('nan')):.4f}  "

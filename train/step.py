@@ -61,8 +61,11 @@ def forward_backward(
     amp_dtype: torch.dtype | None,
     scaler: torch.amp.GradScaler,
     channels_last: bool = True,
+    world: int = 1,
 ):
-    """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward."""
+    """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward.
+    Under DDP (world ranks) the loss is scaled by world: DDP averages gradients over ranks, and the official loss
+    is a sum over the batch, so this keeps the gradient of one process with the global batch."""
     dev = next(model.parameters()).device
     x = imgs.to(dev, non_blocking=True)
     if channels_last and dev.type == "cuda":
@@ -70,7 +73,7 @@ def forward_backward(
     with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
         preds = model(to_input(x))
     loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
-    scaler.scale(loss).backward()
+    scaler.scale(loss * world if world > 1 else loss).backward()
     return loss, items
 
 
@@ -81,10 +84,11 @@ def optimizer_step(
     ema: ModelEMA | None,
     clip: float,
     loss: torch.Tensor,
+    finite: bool | None = None,
 ) -> bool:
     """Unscale, clip, step, EMA; False (nothing applied) for a non-finite loss. The finiteness check is the one
-    host synchronisation of a training step."""
-    ok = bool(torch.isfinite(loss))
+    host synchronisation of a training step (`finite` when the caller already decided it, across ranks)."""
+    ok = bool(torch.isfinite(loss)) if finite is None else finite
     if ok:
         scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)

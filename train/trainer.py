@@ -5,6 +5,7 @@ the only host synchronisation is one finiteness check per optimizer step (train/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -19,6 +20,7 @@ from tqdm import tqdm
 
 from core.checkpoint import read_checkpoint, save_checkpoint
 from core.model import DetectionModel, load_cfg
+from train import distributed
 from train.data.augment import Hyp
 from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
@@ -26,7 +28,7 @@ from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
 from train.run_log import RunLog
-from train.step import amp_dtype, build_optimizer, forward_backward, optimizer_step, select_device
+from train.step import amp_dtype, build_optimizer, forward_backward, optimizer_step
 from train.validate import evaluate, format_table
 
 
@@ -60,6 +62,7 @@ class TrainConfig:
     resume: str | None = None
     channels_last: bool = True
     cudnn_benchmark: bool = True
+    sync_bn: bool = False
     hyp: dict = field(default_factory=dict)
 
 
@@ -101,6 +104,11 @@ def new_run_dir(project: str, name: str, exist_ok: bool) -> Path:
     return path
 
 
+def _param_sum(model: torch.nn.Module) -> float:
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in model.parameters()))
+
+
 def warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_scale: float, hyp: Hyp, accumulate: float) -> int:
     """The official warm-up at step ni of nw: accumulation ramps from 1, the bias LR down from warmup_bias_lr and
     the other LRs up from 0 to their scheduled values, momentum up from warmup_momentum. Returns the accumulation."""
@@ -119,7 +127,10 @@ class Trainer:
         if cfg.resume:
             cfg = self._resume_config(cfg)
         self.cfg = cfg
-        self.device = select_device(cfg.device)
+        self.dist = distributed.init(cfg.device)
+        self.device, self.main = self.dist.device, self.dist.main
+        if cfg.batch != -1 and cfg.batch % self.dist.world:
+            raise ValueError(f"--batch {cfg.batch} is the global batch: it must divide by the {self.dist.world} ranks")
         self.hyp = Hyp(**cfg.hyp)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -130,18 +141,25 @@ class Trainer:
         self.data_name = (
             str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
         )
-        kw = dict(cache=cfg.cache, workers=cfg.workers)
+        kw = dict(cache=cfg.cache, workers=cfg.workers, dist_ctx=self.dist)
         self.train_ds = DetectionDataset(
             load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp, seed=cfg.seed, desc="train", **kw
         )
+        # validation runs on rank 0
         self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, desc="val", **kw) if cfg.val else None
-        for ds in filter(None, (self.train_ds, self.val_ds)):
-            print(ds.describe())
-        print(self.train_ds.problems.summary())
+        if self.main:
+            for ds in filter(None, (self.train_ds, self.val_ds)):
+                print(ds.describe())
+            print(self.train_ds.problems.summary())
         self.names = self.train_ds.names
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
+        if cfg.sync_bn and self.dist.active:
+            if self.device.type != "cuda":
+                raise ValueError("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        self.net = self.model  # what the step runs: the model, or its DDP wrapper (in _setup)
         if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
@@ -216,7 +234,10 @@ class Trainer:
     def _setup(self) -> int:
         """Optimizer, schedule, scaler, EMA and loss (restored when resuming); returns the first epoch."""
         cfg, hyp = self.cfg, self.hyp
-        self.batch = self.auto_batch() if cfg.batch == -1 else cfg.batch
+        self.batch = self.auto_batch() * self.dist.world if cfg.batch == -1 else cfg.batch  # global
+        if self.dist.active:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.loss_fn = DetectionLoss.for_model(self.model)
         decay = hyp.weight_decay * self.batch * self._accumulate() / cfg.nbs
         self.optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
@@ -242,52 +263,56 @@ class Trainer:
         return self.cfg.accumulate or max(round(self.cfg.nbs / self.batch), 1)
 
     def _loader(self, start_epoch: int):
-        pin = self.device.type == "cuda"
+        """Each rank's share of every global batch: the same images per step as one process would take."""
+        d, pin = self.dist, self.device.type == "cuda"
+        per_rank = self.batch // d.world
         return build_loader(
-            self.train_ds, self.batch, self.cfg.workers, True, self.cfg.seed, pin=pin, start_epoch=start_epoch
+            self.train_ds, per_rank, self.cfg.workers, True, self.cfg.seed, d.rank, d.world, pin, start_epoch
         )
 
     # --- the run ----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
-        cfg = self.cfg
+        cfg, main = self.cfg, self.main
         epoch = self._setup()
         loader = self._loader(epoch)
         val_loader = None
-        if self.val_ds is not None:
+        if self.val_ds is not None and main:
             val_loader = build_loader(self.val_ds, self.batch * 2, cfg.workers, False, pin=self.device.type == "cuda")
-        self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-        (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
-        (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
-        log, monitor, summary = RunLog(self.dir), GpuMonitor(self.device), {}
+        log = None
+        if main:
+            self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+            (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+            (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
+            log = RunLog(self.dir)
+        monitor, summary, self.per_class = GpuMonitor(self.device), {}, None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
         batches = iter(loader)  # one iterator for the whole run: workers prefetch across epoch boundaries
         while epoch < end_epoch:
             try:
                 row = self.train_one_epoch(epoch, batches, len(loader), monitor)
             except torch.OutOfMemoryError:
+                if self.dist.active:  # every rank would have to halve together: stop instead
+                    raise
                 del batches
                 loader = self._halve_batch(epoch)
                 batches = iter(loader)
                 continue
             self.scheduler.step()
-            fitness = -1.0
-            if val_loader is not None and (
-                (epoch + 1) % cfg.val_interval == 0 or epoch in (cfg.epochs - 1, end_epoch - 1)
-            ):
-                res = evaluate(self.ema.ema, val_loader, self.device)
-                row.update(map=res["map"], map50=res["map50"])
-                fitness = 0.1 * res["map50"] + 0.9 * res["map"]
-                if epoch == cfg.epochs - 1:
-                    (self.dir / "val_per_class.txt").write_text(format_table(res) + "\n")
-                    summary["per_class"] = res["per_class"]
-            self._save(epoch, row, fitness)
-            log.write(row)
-            tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+            if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
+                row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
+            if main:
+                final = epoch in (cfg.epochs - 1, end_epoch - 1)
+                self._end_epoch(epoch, row, val_loader if (epoch + 1) % cfg.val_interval == 0 or final else None, log)
+            distributed.barrier(self.dist)  # the others wait for rank 0's validation and checkpoint
             epoch += 1
+        if not main:
+            return {"run_dir": None, "rank": self.dist.rank}
         if not (self.dir / "weights" / "best.pt").exists() and (self.dir / "weights" / "last.pt").exists():
             save_checkpoint(self.dir / "weights" / "best.pt", self.ema.ema, self._meta(epoch - 1, {}))
         log.close()
         rows = log.rows()
+        if self.per_class is not None:
+            summary["per_class"] = self.per_class
         summary.update(
             run_dir=str(self.dir),
             epochs=[r["epoch"] for r in rows],
@@ -297,45 +322,63 @@ class Trainer:
         )
         return summary
 
+    def _end_epoch(self, epoch: int, row: dict, val_loader, log: RunLog) -> None:
+        """Rank 0: validate the EMA model (when val_loader is given), checkpoint, write the log row."""
+        fitness = -1.0
+        if val_loader is not None:
+            res = evaluate(self.ema.ema, val_loader, self.device)
+            row.update(map=res["map"], map50=res["map50"])
+            fitness = 0.1 * res["map50"] + 0.9 * res["map"]
+            if epoch == self.cfg.epochs - 1:
+                (self.dir / "val_per_class.txt").write_text(format_table(res) + "\n")
+                self.per_class = res["per_class"]
+        self._save(epoch, row, fitness)
+        log.write(row)
+        tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+
     def train_one_epoch(self, epoch: int, batches, nb: int, monitor: GpuMonitor) -> dict:
         """nb batches from the run's batch iterator; returns the epoch's log row (mean losses, rates)."""
-        cfg, hyp, model = self.cfg, self.hyp, self.model
+        cfg, hyp, model, d = self.cfg, self.hyp, self.model, self.dist
         model.train()
         nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
         accumulate = self._accumulate()
         mloss = torch.zeros(3, device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
         t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
-        with tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True) as pbar:
+        bar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True, disable=not self.main)
+        with bar:
             for i in range(nb):
                 t0 = time.perf_counter()
                 imgs, _, targets, _, _ = next(batches)
                 t_wait += time.perf_counter() - t0
                 ni = i + nb * epoch
                 if ni <= nw:
-                    accumulate = warmup(
-                        self.optimizer, ni, nw, self.lf(epoch), hyp, cfg.accumulate or cfg.nbs / self.batch
+                    target = cfg.accumulate or cfg.nbs / self.batch
+                    accumulate = warmup(self.optimizer, ni, nw, self.lf(epoch), hyp, target)
+                step = ni - self.last_opt_step >= accumulate
+                # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
+                with self.net.no_sync() if d.active and not step else contextlib.nullcontext():
+                    loss, items = forward_backward(
+                        self.net, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last, d.world
                     )
-                loss, items = forward_backward(
-                    model, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last
-                )
                 mloss = (mloss * i + items) / (i + 1)
-                seen += imgs.shape[0]
-                if ni - self.last_opt_step >= accumulate:
-                    if not optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, loss):
+                seen += imgs.shape[0] * d.world
+                if step:
+                    finite = distributed.all_true(d, torch.isfinite(loss))  # ranks skip a bad step together
+                    if not optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, loss, finite):
                         self.skipped += 1
                         tqdm.write(f"warning: non-finite loss at epoch {epoch + 1} step {i}; step skipped")
                     self.last_opt_step = ni
-                if i % 10 == 0 or i == nb - 1:
+                if self.main and (i % 10 == 0 or i == nb - 1):
                     el = time.perf_counter() - t_epoch
-                    b, c, d = mloss.tolist()
-                    pbar.set_postfix_str(
-                        f"box {b:.3f} cls {c:.3f} dfl {d:.3f} | {seen / el:.0f} img/s | "
+                    b, c, dfl = mloss.tolist()
+                    bar.set_postfix_str(
+                        f"box {b:.3f} cls {c:.3f} dfl {dfl:.3f} | {seen / el:.0f} img/s | "
                         f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
                     )
-                pbar.update(1)
+                bar.update(1)
         el = time.perf_counter() - t_epoch
-        box, cls, dfl = mloss.tolist()
+        box, cls, dfl = distributed.mean(d, mloss).tolist()
         return {
             "epoch": epoch,
             "box": box,
@@ -384,6 +427,7 @@ class Trainer:
         }
 
     def _save(self, epoch: int, row: dict, fitness: float) -> None:
+        """Rank 0: last.pt with the training state, best.pt when the fitness improved."""
         improved = fitness > self.best
         self.best = max(self.best, fitness)
         meta = self._meta(epoch, row)

@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     # a crash inside native code (an engine's runtime, a CUDA library) then names the Python call it came from
     faulthandler.enable()
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for commands that start others
     try:
         args.func(args)
         return 0

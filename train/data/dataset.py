@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,8 +19,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
 from core.preprocess import ImageError, decode_image, letterbox
+from train import distributed
 from train.data import augment as A
 from train.data.formats import DatasetIndex
+from train.distributed import DistContext
 from train.loss import pad_targets
 
 
@@ -62,6 +66,7 @@ class DetectionDataset(Dataset):
         seed: int = 0,
         workers: int = 8,
         desc: str = "data",
+        dist_ctx: DistContext | None = None,
     ):
         keep = []
         for i, p in enumerate(tqdm(index.images, desc=f"{desc}: checking images", leave=False)):
@@ -82,9 +87,9 @@ class DetectionDataset(Dataset):
         # (epoch, index), so a worker computes any epoch's sample without state shared with the trainer.
         self.mosaic_until = 1 << 30
         self.cache_mode = cache
-        self.ram: list[np.ndarray] | None = None
+        self.ram: np.ndarray | None = None
         if cache == "ram":
-            self._cache_ram(workers, desc)
+            self._cache_ram(workers, desc, dist_ctx or DistContext())
         elif cache == "disk":
             self._cache_disk(workers, desc)
 
@@ -95,7 +100,28 @@ class DetectionDataset(Dataset):
         return f"{self.desc}: {len(self)} images ({background} background), {boxes} boxes, {len(self.names)} classes"
 
     # --- caching ----------------------------------------------------------------------------------------
-    def _cache_ram(self, workers: int, desc: str) -> None:
+    def _cache_ram(self, workers: int, desc: str, dist_ctx: DistContext) -> None:
+        """Decoded images in one shared-memory file per machine: local rank 0 fills it, every local rank (and its
+        loader workers, forked) maps it, so N ranks hold one copy. Unlinked once mapped: nothing outlives the run."""
+        key = hashlib.sha1(
+            f"{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}:{desc}:{self.img_size}:{self.augment}:"
+            f"{[str(p) for p in self.images]}".encode()
+        ).hexdigest()[:16]
+        folder = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else None
+        path = Path(folder or tempfile.gettempdir()) / f"yolov9-cache-{key}"
+        if dist_ctx.local_rank == 0:
+            self._fill_shared_cache(path, workers, desc)
+        distributed.barrier(dist_ctx)
+        index = np.load(f"{path}.index.npy")
+        self.ram_index, self.ram = index, np.memmap(path, np.uint8, mode="r")
+        distributed.barrier(dist_ctx)
+        if dist_ctx.local_rank == 0:
+            path.unlink()
+            Path(f"{path}.index.npy").unlink()
+        share = f", shared by {dist_ctx.local_world} local ranks" if dist_ctx.local_world > 1 else ""
+        print(f"{desc}: cache {self.ram.nbytes / 2**20:.1f} MiB in RAM{share} ({path.parent})")
+
+    def _fill_shared_cache(self, path: Path, workers: int, desc: str) -> None:
         sample = [read_resized(p, self.img_size, self.augment).nbytes for p in self.images[:: max(1, len(self) // 16)]]
         need = float(np.mean(sample)) * len(self)
         avail = psutil.virtual_memory().available
@@ -106,7 +132,19 @@ class DetectionDataset(Dataset):
             )
         with ThreadPoolExecutor(max(1, workers)) as pool:
             it = pool.map(lambda p: read_resized(p, self.img_size, self.augment), self.images)
-            self.ram = list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
+            images = list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
+        sizes = np.array([im.size for im in images], np.int64)
+        index = np.zeros((len(images), 4), np.int64)  # offset, h, w, c
+        index[1:, 0] = np.cumsum(sizes)[:-1]
+        index[:, 1:] = [im.shape for im in images]
+        tmp = path.with_name(path.name + ".tmp")
+        buf = np.memmap(tmp, np.uint8, mode="w+", shape=(max(1, int(sizes.sum())),))
+        for (off, *_), im in zip(index, images):
+            buf[off : off + im.size] = im.reshape(-1)
+        buf.flush()
+        del buf
+        np.save(f"{path}.index.npy", index)
+        tmp.replace(path)
 
     def _disk_path(self, p: Path) -> Path:
         key = hashlib.sha1(f"{p.resolve()}:{p.stat().st_mtime_ns}:{self.img_size}:{self.augment}".encode()).hexdigest()
@@ -125,8 +163,10 @@ class DetectionDataset(Dataset):
             list(tqdm(pool.map(write, self.images), total=len(self), desc=f"{desc}: caching on disk"))
 
     def load(self, i: int) -> np.ndarray:
+        """The decoded image (HWC uint8, long side img_size); a read-only view when cached in RAM."""
         if self.ram is not None:
-            return self.ram[i]
+            off, h, w, c = self.ram_index[i]
+            return self.ram[off : off + h * w * c].reshape(h, w, c)
         if self.cache_mode == "disk":
             return np.load(self._disk_path(self.images[i]))
         return read_resized(self.images[i], self.img_size, self.augment)
@@ -164,7 +204,7 @@ class DetectionDataset(Dataset):
 
     def _eval_item(self, i: int):
         """The inference path (train/preprocess.letterbox), so validation sees what prediction sees."""
-        src = torch.from_numpy(self.load(i)).permute(2, 0, 1)
+        src = torch.from_numpy(np.array(self.load(i))).permute(2, 0, 1)  # a writable copy of the cached view
         img, meta = letterbox(src, self.img_size)
         return img, torch.from_numpy(self.labels[i].copy()), i, meta
 
@@ -247,6 +287,8 @@ def build_loader(
         prefetch_factor=4 if workers > 0 else None,
         worker_init_fn=_worker_init if workers > 0 else None,
     )
+    if workers > 0 and ds.ram is not None and sys.platform.startswith("linux"):
+        kw["multiprocessing_context"] = "fork"  # workers inherit the shared cache mapping instead of a pickled copy
     if not ds.augment:
         return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
     sampler = EpochBatchSampler(len(ds), batch, shuffle, seed, rank, world, start_epoch, epochs)
