@@ -66,12 +66,16 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
     return iou - (rho2 / c2 + v * alpha)
 
 
-def letterbox_params(h: int, w: int, size: int, stride: int = 32, auto: bool = False):
-    """Scale, resized size, integer (left, top) padding and output size that fit an h x w image into size x size
-    (or into a stride multiple if auto)."""
-    r = min(size / h, size / w)
+def letterbox_params(
+    h: int, w: int, size: int | tuple[int, int], stride: int = 32, auto: bool = False, scaleup: bool = True
+):
+    """Scale, resized size, integer (left, top) padding and output size that fit an h x w image into size x size,
+    an (H, W) shape (a rectangular validation batch), or a stride multiple if auto. scaleup=False only shrinks."""
+    th, tw = (size, size) if isinstance(size, int) else size
+    r = min(th / h, tw / w)
+    r = r if scaleup else min(r, 1.0)
     nh, nw = round(h * r), round(w * r)
-    out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (size, size)
+    out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (th, tw)
     return r, (nh, nw), ((out_w - nw) // 2, (out_h - nh) // 2), (out_h, out_w)
 
 

@@ -19,6 +19,18 @@ def per_image(flat: Flat) -> list[torch.Tensor]:
     return list(det.split(counts))
 
 
+def _top_per_image(img, anchor, s, c, b: int, k: int):
+    """At most k candidates per image, the highest scores (the official per-image cap before NMS)."""
+    counts = torch.bincount(img, minlength=b)
+    if counts.numel() == 0 or int(counts.max()) <= k:
+        return img, anchor, s, c
+    order = torch.argsort(img.double() * 2 - s.double())  # by image, then by descending score (s <= 1)
+    img, anchor, s, c = img[order], anchor[order], s[order], c[order]
+    rank = torch.arange(len(img), device=img.device) - (counts.cumsum(0) - counts)[img]
+    keep = rank < k
+    return img[keep], anchor[keep], s[keep], c[keep]
+
+
 def nms_flat(
     pred: torch.Tensor,
     conf: float | list[float] = 0.25,
@@ -26,12 +38,14 @@ def nms_flat(
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
     max_nms: int = 30000,
+    multi_label: bool = False,
 ) -> Flat:
     """Detections (N, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions, for the whole
     batch at once, grouped by image (score order within each), with the image of each row (N,), its rank within
     that image (N,) and the rows per image. Two host synchronisations per batch besides the NMS kernel's own.
 
-    Each anchor contributes its best class (the deployment convention); one torchvision batched NMS call
+    Each anchor contributes its best class (the deployment convention), or with multi_label every class above conf
+    (the official validation protocol, at most max_nms candidates per image); one torchvision batched NMS call
     suppresses per (image, class). conf, max_det and classes may be given per image (the server batches requests
     with different parameters)."""
     if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
@@ -40,7 +54,7 @@ def nms_flat(
     dev = pred.device
     per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
     per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
-    scores, cls = pred[:, 4:].max(1)  # (B, A)
+    allow = None
     if classes is not None:
         per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
         allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
@@ -48,12 +62,20 @@ def nms_flat(
             if c is not None:
                 allow[i] = False
                 allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
-        scores = torch.where(allow.gather(1, cls), scores, torch.zeros_like(scores))
-    img, anchor = (scores > per_conf[:, None]).nonzero(as_tuple=True)
-    s, c = scores[img, anchor], cls[img, anchor]
-    if s.numel() > max_nms * b:
-        top = s.topk(max_nms * b).indices
-        img, anchor, s, c = img[top], anchor[top], s[top], c[top]
+    if multi_label:  # every class above the threshold is a candidate (the official validation protocol)
+        scores = pred[:, 4:] if allow is None else pred[:, 4:] * allow[:, :, None]
+        img, c, anchor = (scores > per_conf[:, None, None]).nonzero(as_tuple=True)
+        s = scores[img, c, anchor]
+        img, anchor, s, c = _top_per_image(img, anchor, s, c, b, max_nms)
+    else:  # each anchor's best class only (deployment)
+        scores, cls = pred[:, 4:].max(1)  # (B, A)
+        if allow is not None:
+            scores = torch.where(allow.gather(1, cls), scores, torch.zeros_like(scores))
+        img, anchor = (scores > per_conf[:, None]).nonzero(as_tuple=True)
+        s, c = scores[img, anchor], cls[img, anchor]
+        if s.numel() > max_nms * b:
+            top = s.topk(max_nms * b).indices
+            img, anchor, s, c = img[top], anchor[top], s[top], c[top]
     boxes = xywh2xyxy(pred[img, :4, anchor])
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
     owner = img[keep]
@@ -74,11 +96,12 @@ def postprocess_flat(
     iou: float = 0.45,
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
+    multi_label: bool = False,
 ) -> Flat:
     """nms_flat() with the boxes mapped back to original-image pixels through each image's letterbox meta, for the
     whole batch at once: detections (N, 6) grouped by image, the image of each row, its rank within that image
     and the rows per image."""
-    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes)
+    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes, multi_label=multi_label)
     # ratio, pad left/top, orig h/w per image: one host-to-device copy, then one row per detection
     per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
     per_det = per_image.reshape(-1, 5)[owner]

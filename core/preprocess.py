@@ -80,11 +80,13 @@ def _decode_or_error(data: bytes, device) -> torch.Tensor | ImageError:
         return e
 
 
-def letterbox(img: torch.Tensor, size: int, stride: int = 32, auto: bool = False):
-    """uint8 (3, H, W) -> uint8 (3, S, S) resized with its aspect kept and padded with 114, plus the meta
-    needed to map boxes back."""
+def letterbox(
+    img: torch.Tensor, size: int | tuple[int, int], stride: int = 32, auto: bool = False, scaleup: bool = True
+):
+    """uint8 (3, H, W) -> uint8 (3, S, S) (or the given (H, W)) resized with its aspect kept and padded with 114,
+    plus the meta needed to map boxes back."""
     h, w = img.shape[-2:]
-    r, (nh, nw), (pl, pt), (oh, ow) = letterbox_params(h, w, size, stride, auto)
+    r, (nh, nw), (pl, pt), (oh, ow) = letterbox_params(h, w, size, stride, auto, scaleup)
     img = resize_uint8(img[None], (nh, nw))[0]
     img = F.pad(img, (pl, ow - nw - pl, pt, oh - nh - pt), value=PAD_VALUE)
     return img, LetterboxMeta((h, w), r, (pl, pt))

@@ -1,4 +1,4 @@
-"""Subcommands of the export stage: `export onnx|aoti|trt`, `val` and `predict` (any engine) and `bench engine`."""
+"""Subcommands of the export stage: `export onnx|aoti|trt`, `predict` (any engine) and `bench engine`."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ def _export(args: argparse.Namespace) -> None:
     else:
         out = _export_trt(args, img)
     print(f"wrote {out}")
+    if args.data and not args.end2end:
+        _map_delta(args.weights, out, args.data)
+
+
+def _map_delta(weights: str, engine_path: Path, data: str) -> None:
+    """The exported engine's mAP against PyTorch fp32 on the same device, both in the deployment protocol."""
+    from export.engine import load_engine
+    from export.evaluate import DEPLOYMENT, load_val_split, score_engine
+
+    engine = load_engine(engine_path)
+    ref = load_engine(weights, device=str(engine.device), half=False, img_size=engine.img_size)
+    ds = load_val_split(data, "val", engine.img_size, DEPLOYMENT)
+    got, want = (score_engine(e, ds, DEPLOYMENT, workers=0) for e in (engine, ref))
+    print(
+        f"mAP50-95 on {data}: {engine.kind} {got['map']:.4f}, PyTorch fp32 {want['map']:.4f} "
+        f"(delta {got['map'] - want['map']:+.4f}; mAP50 delta {got['map50'] - want['map50']:+.4f})"
+    )
 
 
 def _export_trt(args: argparse.Namespace, img: int) -> Path:
@@ -164,42 +181,6 @@ def _predict(args: argparse.Namespace) -> None:
         print(f"annotated images in {out_dir}")
 
 
-def _val(args: argparse.Namespace) -> None:
-    from export.engine import engine_spec, load_engine
-    from train.data.dataset import DetectionDataset, build_loader
-    from train.data.formats import load_split, resolve_data
-    from train.validate import evaluate, format_table
-
-    spec = engine_spec(args.engine, args.weights)
-    engine = load_engine(spec, device=args.device, img_size=args.img, half=args.half)
-    data = args.data or _trained_on(args.weights or spec)
-    ds = DetectionDataset(load_split(resolve_data(data), args.split), engine.img_size, augment=False, desc="val")
-    print(ds.describe())
-    if len(ds.names) != len(engine.names):
-        print(
-            f"warning: the model has {len(engine.names)} classes and {data or 'the data'} has {len(ds.names)}: "
-            f"class ids are compared as they are",
-            file=sys.stderr,
-        )
-    loader = build_loader(ds, args.batch, args.workers, False)
-    res = evaluate(engine, loader, engine.device, engine.dtype, conf=args.conf, iou=args.iou)
-    print(format_table(res))
-    print(f"engine {engine.kind} at {engine.img_size} px: mAP50-95 {res['map']:.4f}  mAP50 {res['map50']:.4f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-
-
-def _trained_on(weights: str) -> str | None:
-    """The dataset a checkpoint or engine records (None: the default data), said in one line."""
-    from export.engine import weights_meta
-
-    data = weights_meta(weights.removeprefix("auto:")).data
-    if data:
-        print(f"data: {data} (the dataset {Path(weights).name} was trained on; --data overrides)")
-    return data
-
-
 def _bench_engine(args: argparse.Namespace) -> None:
     from export.bench import bench_engines
 
@@ -227,6 +208,9 @@ def register(sub, bench) -> None:
     s.add_argument("--iou", type=float, default=0.45, help="end2end: NMS IoU threshold")
     s.add_argument("--max-det", type=int, default=100, help="end2end: detections per image")
     s.add_argument("--device", default="cuda", help="aoti: device to compile for (cuda or cpu)")
+    s.add_argument(
+        "--data", default=None, help="after exporting, print the engine's mAP delta against PyTorch on this dataset"
+    )
     s.add_argument(
         "--inductor",
         action="append",
@@ -263,39 +247,6 @@ def register(sub, bench) -> None:
     s.add_argument("--out", default="runs/predict", help="folder for annotated images")
     s.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="save annotated images")
     s.set_defaults(func=_predict)
-
-    s = sub.add_parser(
-        "val",
-        help="COCO mAP of weights or an engine on a dataset",
-        description="Validate with pycocotools: mAP50-95, mAP50 and a per-class table.",
-    )
-    s.add_argument("weights", nargs="?", default=None, help="checkpoint, zoo name, or engine file")
-    s.add_argument(
-        "--engine",
-        default=None,
-        help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
-    )
-    s.add_argument(
-        "--data",
-        default=None,
-        help="dataset, as for `yolov9 train` (default: the one the checkpoint or engine was trained on, else the "
-        "default data)",
-    )
-    s.add_argument("--split", default="val", choices=["train", "val"], help="dataset split")
-    s.add_argument("--img", type=int, default=None, help="image size (default: the engine's or checkpoint's)")
-    s.add_argument("--batch", type=int, default=32, help="batch size")
-    s.add_argument("--workers", type=int, default=4, help="loader worker processes")
-    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
-    s.add_argument(
-        "--half",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="PyTorch weights: fp16 (default on CUDA) or fp32 (--no-half)",
-    )
-    s.add_argument("--conf", type=float, default=0.001, help="score threshold before NMS")
-    s.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
-    s.add_argument("--out", default=None, help="write the metrics as JSON here")
-    s.set_defaults(func=_val)
 
     s = bench.add_parser(
         "engine",

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from export import cli as export_cli
     from serve import cli as serve_cli
     from train import cli as train_cli
-    from yolov9 import quickstart
+    from yolov9 import quickstart, val
 
     p = argparse.ArgumentParser(prog="yolov9", description="Train, export, serve and load-test YOLOv9 detectors.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     quickstart.register(sub)
     train_cli.register(sub, bench)
     export_cli.register(sub, bench)
+    val.register(sub)
     serve_cli.register(sub, bench)
     for parser in _all_parsers(p):
         parser.formatter_class = HelpFormatter

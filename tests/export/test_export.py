@@ -309,17 +309,33 @@ def test_export_lands_beside_the_weights_and_val_runs_each_engine_at_its_size(tr
     assert (tmp_path / "best.onnx").exists() and (tmp_path / "best.onnx.json").exists()
     assert json.loads((tmp_path / "best.onnx.json").read_text())["img_size"] == 160
     maps = {}
-    for engine in ("auto", str(weights)):
-        r = _cli("val", str(weights), "--engine", engine, "--device", "cpu", "--workers", "0")
+    for engine, extra in (("auto", []), (str(weights), ["--square", "--single-label"]), (str(weights), [])):
+        r = _cli("val", str(weights), "--engine", engine, "--device", "cpu", "--workers", "0", *extra)
         assert r.returncode == 0, r.stderr
         assert "(the dataset best.pt was trained on" in r.stdout and "val: 16 images" in r.stdout
         line = r.stdout.strip().splitlines()[-1]
         assert "at 160 px" in line, line
-        maps[line.split()[1]] = float(line.split("mAP50-95")[1].split()[0])
-    assert set(maps) == {"onnx", "torch"} and maps["onnx"] > 0.05
-    assert maps["onnx"] == pytest.approx(maps["torch"], abs=0.01)
+        maps[(line.split()[1], line.split(", ")[1].split()[0])] = float(line.split("mAP50-95")[1].split()[0])
+    # ONNX runs in the deployment protocol; PyTorch in the official one unless told --square --single-label
+    assert set(maps) == {("onnx", "deployment"), ("torch", "deployment"), ("torch", "official")}, maps
+    assert maps["onnx", "deployment"] > 0.05
+    assert maps["onnx", "deployment"] == pytest.approx(maps["torch", "deployment"], abs=0.01)
     r = _cli("val", str(tmp_path / "best.onnx"), "--img", "320", "--device", "cpu")
     assert r.returncode == 2 and "exported for 160 px, not 320" in r.stderr
+    # one table: the engines beside the weights in the deployment protocol, and PyTorch in the official one
+    out = tmp_path / "table.json"
+    r = _cli(
+        "val", str(weights), "--engines", "torch-fp32,onnx,aoti", "--device", "cpu", "--workers", "0", "--out", str(out)
+    )
+    assert r.returncode == 0, r.stderr
+    assert "aoti: skipped (no best.pt2 beside the weights" in r.stdout
+    rows = {(x["engine"], x["protocol"]): x for x in json.loads(out.read_text())}
+    assert set(rows) == {("torch-fp32", "deployment"), ("onnx", "deployment"), ("torch-fp32-official", "official")}
+    # the single-engine runs above print 4 decimals
+    assert rows["onnx", "deployment"]["map"] == pytest.approx(maps["onnx", "deployment"], abs=1e-4)
+    assert rows["torch-fp32", "deployment"]["map"] == pytest.approx(maps["torch", "deployment"], abs=1e-4)
+    assert rows["torch-fp32-official", "official"]["map"] == pytest.approx(maps["torch", "official"], abs=1e-4)
+    assert all(x["images_per_s"] > 0 for x in rows.values())
 
 
 def test_end2end_onnx_in_val_and_predict_is_a_one_line_error(trained_tiny, tmp_path):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torchvision
 
@@ -38,3 +39,39 @@ def test_scale_boxes_back_per_box_equals_per_image():
     ratio, pad, hw = (torch.tensor([m[i] for m in metas]) for i in range(3))
     torch.testing.assert_close(scale_boxes_back(boxes, ratio, pad, hw), one_by_one)
     assert (one_by_one[1] == torch.tensor([0.0, 0, 500, 600])).all()  # clipped to the image
+
+
+def _official_multi_label_nms(pred, conf, iou, max_det, max_nms=30000):
+    """The official validator's NMS, from its definition: every class above conf is a candidate, the max_nms
+    highest per image go to one class-offset NMS, at most max_det survive."""
+    import torchvision
+
+    out = []
+    for x in pred:
+        x = x.T
+        box, cls = xywh2xyxy(x[:, :4]), x[:, 4:]
+        i, j = (cls > conf).nonzero(as_tuple=False).T
+        x = torch.cat((box[i], cls[i, j, None], j[:, None].float()), 1)
+        x = x[x[:, 4].argsort(descending=True)[:max_nms]]
+        keep = torchvision.ops.nms(x[:, :4] + x[:, 5:6] * 7680, x[:, 4], iou)[:max_det]
+        out.append(x[keep])
+    return out
+
+
+@pytest.mark.parametrize("max_nms", [30000, 40])
+def test_multi_label_nms_equals_the_official_definition(max_nms):
+    g = torch.Generator().manual_seed(0)
+    b, nc, a = 3, 5, 400
+    xy = torch.rand(b, 2, a, generator=g) * 200
+    wh = 10 + torch.rand(b, 2, a, generator=g) * 40
+    scores = torch.rand(b, nc, a, generator=g) ** 3  # several classes above conf per box, many overlaps
+    pred = torch.cat((xy, wh, scores), 1)
+    got = per_image(nms_flat(pred, 0.3, 0.6, 50, max_nms=max_nms, multi_label=True))
+    want = _official_multi_label_nms(pred, 0.3, 0.6, 50, max_nms)
+    for gi, wi in zip(got, want):
+        assert len(gi) == len(wi) and len(gi) > 10
+        key = lambda t: t[torch.argsort(t[:, 4] * 1000 + t[:, 5], descending=True)]  # noqa: E731
+        torch.testing.assert_close(key(gi), key(wi))
+    if max_nms == 30000:  # uncapped, one label per box keeps fewer
+        one, every = (per_image(nms_flat(pred, 0.3, 0.6, 1000, multi_label=m)) for m in (False, True))
+        assert sum(map(len, one)) < sum(map(len, every))

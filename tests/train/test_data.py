@@ -252,3 +252,47 @@ def test_named_dataset_lookup_and_the_shipped_default(tmp_path, monkeypatch, cap
     assert "using the shipped sample coco48" in capsys.readouterr().out
     (tmp_path / "coco128" / "images").mkdir(parents=True)
     assert resolve_data(None)["root"] == tmp_path / "coco128"
+
+
+def _official_batch_shapes(hw: np.ndarray, batch: int, img: int, stride: int = 32, pad: float = 0.5):
+    """The official validator's rectangular batches, from its definition (sorted h/w, shape per batch)."""
+    ar = hw[:, 0] / hw[:, 1]
+    order = ar.argsort()
+    ar = ar[order]
+    shapes = []
+    for k in range(0, len(ar), batch):
+        lo, hi = ar[k : k + batch].min(), ar[k : k + batch].max()
+        shapes.append([hi, 1] if hi < 1 else [1, 1 / lo] if lo > 1 else [1, 1])
+    return order, np.ceil(np.array(shapes) * img / stride + pad).astype(int) * stride
+
+
+def test_rect_batches_equal_the_official_definition(tmp_path):
+    from PIL import Image
+
+    from train.data.dataset import rect_batches
+
+    sizes = [
+        (640, 480),
+        (480, 640),
+        (500, 500),
+        (640, 360),
+        (300, 640),
+        (640, 427),
+        (427, 640),
+        (612, 600),
+        (640, 200),
+    ]  # distinct aspects
+    (tmp_path / "images").mkdir()
+    for k, (w, h) in enumerate(sizes):
+        Image.new("RGB", (w, h), (k * 20, 90, 160)).save(tmp_path / "images" / f"{k:02d}.jpg")
+    (tmp_path / "d.yaml").write_text("path: .\ntrain: images\nnames: [a]\n")
+    ds = DetectionDataset(load_split(resolve_data(tmp_path / "d.yaml"), "val"), 320)
+    batches = rect_batches(ds, 4)
+    order, shapes = _official_batch_shapes(np.array([(h, w) for w, h in sizes], float), 4, 320)
+    assert [i for b in batches for i in b] == order.tolist()
+    for k, b in enumerate(batches):
+        assert {ds.eval_shapes[i] for i in b} == {tuple(shapes[k])}
+    loader = build_loader(ds, 4, 0, False, rect=True)
+    for imgs, _, _, idx, metas in loader:  # every image of a batch in its batch's shape, boxes mapped back
+        assert tuple(imgs.shape[2:]) == ds.eval_shapes[int(idx[0])]
+        assert all(m.ratio <= 1.0 for m in metas)

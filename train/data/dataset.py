@@ -18,6 +18,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
+from core.image_io import image_size
 from core.preprocess import ImageError, decode_image, letterbox
 from train import distributed
 from train.data import augment as A
@@ -67,7 +68,10 @@ class DetectionDataset(Dataset):
         workers: int = 8,
         desc: str = "data",
         dist_ctx: DistContext | None = None,
+        original: bool = False,
     ):
+        """original: validation items are letterboxed from the decoded original image, as prediction and the
+        server do (no cache); otherwise from the image resized to img_size (the official validator's input)."""
         keep = []
         for i, p in enumerate(tqdm(index.images, desc=f"{desc}: checking images", leave=False)):
             reason = check_image(p)
@@ -86,7 +90,10 @@ class DetectionDataset(Dataset):
         # Mosaic is on for epochs below this (the trainer sets it from --close-mosaic). Samples are keyed by
         # (epoch, index), so a worker computes any epoch's sample without state shared with the trainer.
         self.mosaic_until = 1 << 30
-        self.cache_mode = cache
+        self.eval_shapes: dict[int, tuple[int, int]] = {}  # index -> (H, W) of its rectangular validation batch
+        self.original = original and not augment
+        self.cache_mode = None if self.original else cache
+        cache = self.cache_mode
         self.ram: np.ndarray | None = None
         if cache == "ram":
             self._cache_ram(workers, desc, dist_ctx or DistContext())
@@ -203,10 +210,33 @@ class DetectionDataset(Dataset):
         return torch.from_numpy(img).permute(2, 0, 1).contiguous(), torch.from_numpy(lab), i, img.shape[:2]
 
     def _eval_item(self, i: int):
-        """The inference path (train/preprocess.letterbox), so validation sees what prediction sees."""
-        src = torch.from_numpy(np.array(self.load(i))).permute(2, 0, 1)  # a writable copy of the cached view
-        img, meta = letterbox(src, self.img_size)
+        """The inference path (core/preprocess.letterbox), so validation sees what prediction sees; into the
+        image's rectangular batch shape when rect_batches() set one."""
+        if self.original:
+            src = decode_image(self.images[i])
+        else:
+            src = torch.from_numpy(np.array(self.load(i))).permute(2, 0, 1)  # a writable copy of the cached view
+        if i in self.eval_shapes:  # as officially: a rectangular batch shape never scales an image up
+            img, meta = letterbox(src, self.eval_shapes[i], scaleup=False)
+        else:
+            img, meta = letterbox(src, self.img_size)
         return img, torch.from_numpy(self.labels[i].copy()), i, meta
+
+
+def rect_batches(ds: DetectionDataset, batch: int, stride: int = 32, pad: float = 0.5) -> list[list[int]]:
+    """The official validation batching: images sorted by aspect ratio (h / w), and each batch letterboxed to one
+    stride-aligned shape that fits its widest or tallest image, with half a stride of padding. Sets ds.eval_shapes
+    and returns the batches of indices."""
+    hw = np.array([image_size(p.read_bytes()) for p in ds.images], np.float64)
+    ar = hw[:, 0] / hw[:, 1]
+    order = ar.argsort(kind="stable")
+    batches = [order[k : k + batch] for k in range(0, len(order), batch)]
+    for idx in batches:
+        lo, hi = ar[idx].min(), ar[idx].max()
+        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
+        h, w = (np.ceil(np.array(shape) * ds.img_size / stride + pad).astype(int) * stride).tolist()
+        ds.eval_shapes.update({int(i): (h, w) for i in idx})
+    return [[int(i) for i in idx] for idx in batches]
 
 
 def collate(batch):
@@ -277,8 +307,10 @@ def build_loader(
     pin: bool = False,
     start_epoch: int = 0,
     epochs: int | None = None,
+    rect: bool = False,
 ) -> DataLoader:
-    """Augmenting datasets get the continuous (epoch, index) batch sampler; others a plain sequential loader."""
+    """Augmenting datasets get the continuous (epoch, index) batch sampler; others a plain sequential loader, or
+    with rect the official rectangular validation batches."""
     kw = dict(
         num_workers=workers,
         collate_fn=collate,
@@ -290,6 +322,9 @@ def build_loader(
     if workers > 0 and ds.ram is not None and sys.platform.startswith("linux"):
         kw["multiprocessing_context"] = "fork"  # workers inherit the shared cache mapping instead of a pickled copy
     if not ds.augment:
+        if rect:
+            return DataLoader(ds, batch_sampler=rect_batches(ds, batch), **kw)
+        ds.eval_shapes.clear()
         return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
     sampler = EpochBatchSampler(len(ds), batch, shuffle, seed, rank, world, start_epoch, epochs)
     return DataLoader(ds, batch_sampler=sampler, **kw)
