@@ -9,13 +9,14 @@ import time
 import torch
 
 from core.model import DetectionModel
+from train import distributed
 from train.data.augment import Hyp
 from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
-from train.step import AMP_DTYPES, build_optimizer, forward_backward, optimizer_step, select_device
+from train.step import AMP_DTYPES, build_optimizer, forward_backward, optimizer_step
 
 
 class _UtilSampler(threading.Thread):
@@ -54,7 +55,8 @@ def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
 
 
 def bench_train(args) -> list[dict]:
-    dev = select_device(args.device)
+    """Under torchrun every rank times its own steps with --batch images each (per GPU); rank 0 reports the sum."""
+    ctx = distributed.init(args.device)
     ds = DetectionDataset(
         load_split(resolve_data(args.data), "train"),
         args.img,
@@ -63,19 +65,23 @@ def bench_train(args) -> list[dict]:
         cache=None if args.cache == "none" else args.cache,
         workers=args.workers,
         desc="bench",
+        dist_ctx=ctx,
     )
     results = []
     for amp in args.amp.split(","):
-        row = _bench_mode(args, ds, dev, amp)
-        print(json.dumps(row))
+        row = _bench_mode(args, ds, ctx, amp)
+        if ctx.main:
+            print(json.dumps(row))
         results.append(row)
-    if args.out:
+    distributed.close()
+    if args.out and ctx.main:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     return results
 
 
-def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict:
+def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: str) -> dict:
+    dev = ctx.device
     dtype = AMP_DTYPES[amp]
     channels_last = args.channels_last and dev.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
@@ -87,9 +93,13 @@ def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict
         torch.cuda.reset_peak_memory_stats(dev)
     loss_fn = DetectionLoss.for_model(model)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    ema = ModelEMA(model)
+    ema = ModelEMA(model) if ctx.main else None
+    net = model
+    if ctx.active:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     scaler = torch.amp.GradScaler(dev.type, enabled=dtype is torch.float16)
-    it = iter(build_loader(ds, args.batch, args.workers, True, pin=dev.type == "cuda"))  # one iterator: no refills
+    loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
+    it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)
     sampler = _UtilSampler(monitor)
     wait = 0.0
@@ -99,8 +109,8 @@ def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict
         tw = time.perf_counter()
         imgs, _, targets, _, _ = next(it)
         wait += time.perf_counter() - tw
-        loss, _ = forward_backward(model, imgs, targets, loss_fn, dtype, scaler, channels_last)
-        optimizer_step(model, opt, scaler, ema, 10.0, loss)
+        loss, _ = forward_backward(net, imgs, targets, loss_fn, dtype, scaler, channels_last, ctx.world)
+        optimizer_step(model, opt, scaler, ema, 10.0, loss, distributed.all_true(ctx, torch.isfinite(loss)))
 
     for _ in range(args.warmup):
         step()
@@ -112,7 +122,7 @@ def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict
         step()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    el = time.perf_counter() - t0
+    el = float(distributed.mean(ctx, torch.tensor(time.perf_counter() - t0, device=dev)))
     sampler.stop.set()
     row = {
         "amp": amp,
@@ -122,7 +132,8 @@ def _bench_mode(args, ds: DetectionDataset, dev: torch.device, amp: str) -> dict
         "channels_last": channels_last,
         "cudnn_benchmark": args.cudnn_benchmark,
         "steps": args.steps,
-        "images_per_s": round(args.steps * args.batch / el, 1),
+        "gpus": ctx.world,
+        "images_per_s": round(args.steps * args.batch * ctx.world / el, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
         "peak_memory_gib": round(monitor.peak_gib(), 2),

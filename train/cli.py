@@ -169,12 +169,13 @@ def register(sub, bench) -> None:
         "train",
         help="steady-state training throughput",
         description="Time training steps on real data (no synthetic input): images/s, GPU busy %, "
-        "data-wait share and peak memory, for each --amp mode.",
+        "data-wait share and peak memory, for each --amp mode. Under torchrun each rank runs the step under DDP and "
+        "rank 0 reports the images/s of all ranks together.",
     )
     s.add_argument("--cfg", default="yolov9-s", help="model config")
     s.add_argument("--data", default=None, help="dataset (as for `yolov9 train`)")
     s.add_argument("--img", type=int, default=640, help="image size")
-    s.add_argument("--batch", type=int, default=128, help="batch size")
+    s.add_argument("--batch", type=int, default=128, help="batch size per GPU (under torchrun, per rank)")
     s.add_argument("--amp", default="off,fp16,bf16", help="comma-separated AMP modes to measure")
     s.add_argument("--steps", type=int, default=30, help="timed steps per mode")
     s.add_argument("--warmup", type=int, default=10, help="untimed warm-up steps per mode")

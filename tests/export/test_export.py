@@ -94,7 +94,8 @@ def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path
 def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subset):
     onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "v.onnx", img=160)
     maps = []
-    for spec in (str(trained_tiny), str(onnx_path)):
+    # PyTorch weights are scored in the official protocol unless told otherwise; an ONNX engine as it is served
+    for spec in ([str(trained_tiny), "--square", "--single-label"], [str(onnx_path)]):
         out = tmp_path / f"{len(maps)}.json"
         subprocess.run(
             [
@@ -102,7 +103,7 @@ def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subse
                 "-m",
                 "yolov9",
                 "val",
-                spec,
+                *spec,
                 "--data",
                 str(tiny_subset),
                 "--img",
@@ -120,6 +121,7 @@ def test_val_on_onnx_engine_gives_pytorch_map(trained_tiny, tmp_path, tiny_subse
         maps.append(__import__("json").loads(out.read_text()))
     assert maps[0]["map"] > 0.01  # the tiny model has learned something, so the comparison means something
     assert maps[1]["map"] == pytest.approx(maps[0]["map"], abs=2e-3)
+    assert maps[0]["protocol"] == maps[1]["protocol"] and maps[0]["protocol"].startswith("deployment")
     assert maps[1]["map50"] == pytest.approx(maps[0]["map50"], abs=2e-3)
 
 

@@ -23,7 +23,9 @@ def test_cuda_graph_buckets_match_eager(trained_tiny, coco48):
     assert graphed.buckets == [1, 2, 4, 8]  # max_batch 8
     for (a, n), (b, m) in zip(graphed(reqs), eager(reqs)):
         assert n == m
-        torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1e-2)
+        # fp16 engine, batches of 5 and 8 run by different cuDNN kernels: boxes agree to a few fp16 steps of the
+        # 160 px input (0.06-0.125 px there), scaled back x4 to the 640 px photos
+        torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1.0)
 
 
 def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, coco48):

@@ -128,3 +128,12 @@ def test_one_rank_nccl_run_equals_the_plain_run(setup):
     for a, b in zip(nccl, plain):
         for key in ("box", "cls", "dfl"):
             assert a[key] == pytest.approx(b[key], rel=1e-4), (a["epoch"], key, a[key], b[key])
+
+
+def test_bench_train_under_torchrun_reports_all_ranks(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = _torchrun(2) + ["bench", "train", "--cfg", "gelan-t", "--data", "coco48", "--img", "96", "--batch", "4"]
+    cmd += ["--amp", "off", "--steps", "2", "--warmup", "1", "--workers", "0", "--cache", "none", "--device", "cpu"]
+    _run([*cmd, "--out", str(out)])
+    (row,) = json.loads(out.read_text())
+    assert row["gpus"] == 2 and row["batch"] == 4 and row["images_per_s"] > 0

@@ -218,6 +218,9 @@ class DetectionDataset(Dataset):
             src = torch.from_numpy(np.array(self.load(i))).permute(2, 0, 1)  # a writable copy of the cached view
         if i in self.eval_shapes:  # as officially: a rectangular batch shape never scales an image up
             img, meta = letterbox(src, self.eval_shapes[i], scaleup=False)
+            # and boxes are mapped back with the unrounded half-padding, as the official validator does
+            (h, w), r = meta.orig_hw, meta.ratio
+            meta.pad = ((img.shape[2] - round(w * r)) / 2, (img.shape[1] - round(h * r)) / 2)
         else:
             img, meta = letterbox(src, self.img_size)
         return img, torch.from_numpy(self.labels[i].copy()), i, meta
@@ -229,7 +232,7 @@ def rect_batches(ds: DetectionDataset, batch: int, stride: int = 32, pad: float 
     and returns the batches of indices."""
     hw = np.array([image_size(p.read_bytes()) for p in ds.images], np.float64)
     ar = hw[:, 0] / hw[:, 1]
-    order = ar.argsort(kind="stable")
+    order = ar.argsort()  # numpy's default sort, as officially: ties (many 4:3 photos) fall into the same batches
     batches = [order[k : k + batch] for k in range(0, len(order), batch)]
     for idx in batches:
         lo, hi = ar[idx].min(), ar[idx].max()
