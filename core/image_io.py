@@ -1,6 +1,6 @@
 """The torch-free part of image I/O: header checks before decoding, the one-line image error, and detections as
-JSON. The gateway imports only this: a worker that also loaded torch held about 375,000 Python objects, and each full
-garbage-collection pass over them (175-184 ms on the CPU box) stalled every request in flight on that worker."""
+JSON. The gateway imports only this: a worker that also loads torch holds hundreds of thousands of Python objects,
+and each full garbage-collection pass over them stalls every request in flight on that worker."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from core.checkpoint import weights_source
 from core.model import DetectionModel
 from export.metadata import EngineMeta
 
-# Inductor options for CUDA packages (measured on the H200, docs/benchmarks.md). Dynamic batch makes Inductor skip
+# Inductor options for CUDA packages (docs/benchmarks.md). Dynamic batch makes Inductor skip
 # its channels-last choice for convolutions (it only decides it on static shapes), and NCHW fp16 convolutions are
 # slower in cuDNN: force the layout. Freezing folds the weights into the package as constants, so they are
 # converted to that layout once at compile time rather than on every call.
@@ -172,8 +172,8 @@ class AOTIEngine:
 def aoti_runner(path: Path, device: torch.device):
     """The package's compiled model opened directly with Inductor's container runner (one tensor in, one out).
 
-    Same library as aoti_load_package() runs, but on the H200 this opens in 0.4 s where the package loader takes
-    about 40 s. A .pt2 holds native code: load only packages you trust."""
+    Same library as aoti_load_package() runs, but it opens in under a second where the package loader can take
+    tens of seconds. A .pt2 holds native code: load only packages you trust."""
     tmp = Path(tempfile.mkdtemp(prefix="yolov9_aoti_"))
     atexit.register(shutil.rmtree, tmp, True)  # kept while the process runs: CUDA kernels load lazily from it
     try:

@@ -21,8 +21,7 @@ def _add_triton_server_args(p: argparse.ArgumentParser) -> None:
         "--mps",
         action="store_true",
         help="run the GPU model instances under a private CUDA MPS daemon, so several instances share the GPU "
-        "at once instead of time-slicing it (needs nvidia-cuda-mps-control; with --instances 4 on one H200: "
-        "3,563 instead of 2,518 images/s at 256 requests in flight, see docs/benchmarks.md)",
+        "at once instead of time-slicing it (needs nvidia-cuda-mps-control; measurements in docs/benchmarks.md)",
     )
 
 
@@ -42,8 +41,8 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
         "--max-batch",
         type=int,
         default=32,
-        help="Triton max_batch_size (default 32: on one H200 under MPS a batch of 64 took ~60 ms and set the p99; "
-        "capped at 32, Triton served 1-4%% more at a 3-10 ms lower p99, see docs/benchmarks.md)",
+        help="Triton max_batch_size (default 32: under MPS the longest batches set the tail latency, and capping "
+        "them at 32 served as much at a lower p99; docs/benchmarks.md)",
     )
     p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
     p.add_argument(
@@ -58,7 +57,7 @@ def _add_repo_args(p: argparse.ArgumentParser) -> None:
         "--instances",
         type=int,
         default=1,
-        help="model instances (processes); on one H200, 4-6 with `serve triton --mps` served the most (see docs)",
+        help="model instances (processes); several share one GPU best under `serve triton --mps` (docs/benchmarks.md)",
     )
     p.add_argument("--kind", default="auto", choices=["auto", "gpu", "cpu"], help="instance kind")
     p.add_argument("--max-det", type=int, default=100, help="detections per image (fixed output size)")

@@ -1,8 +1,8 @@
 """A private CUDA MPS (Multi-Process Service) control daemon for the Triton server's model instances.
 
 Each python-backend instance is its own process with its own CUDA context, and without MPS the GPU time-slices
-between contexts: on one H200, four instances served about as much as two. Under MPS the instances' kernels share
-the GPU concurrently (docs/benchmarks.md, fifth session). The daemon gets its own pipe and log folders, so it
+between contexts, so more instances add little. Under MPS the instances' kernels share the GPU concurrently
+(docs/benchmarks.md). The daemon gets its own pipe and log folders, so it
 neither needs root nor meets another user's daemon; it is stopped with the server."""
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 connections evenly over the workers.
 
 `uvicorn --workers N` shares one listening socket, and a worker that wakes up accepts a whole burst of waiting
-connections: with keep-alive clients a few workers end up holding most connections (measured here: 8 workers, 192
-connections -> 3 to 34 per worker) and their event loops saturate while others idle, which showed on the H200 as a
-gateway p99 two to three times its p95. With one socket per worker the kernel picks the socket by connection hash.
+connections: with keep-alive clients a few workers end up holding most connections and their event loops saturate
+while others idle (a long latency tail). With one socket per worker the kernel picks the socket by connection hash.
 
 Run as `python -m serve.gateway.workers --host H --port P --workers N` (serve/gateway/process.py does); the
 supervisor restarts a worker that dies and stops them all on SIGTERM or SIGINT."""
