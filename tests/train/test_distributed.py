@@ -75,7 +75,8 @@ def test_two_ranks_match_one_process_and_resume_with_one(setup):
     )
     assert "shared by 2 local ranks" in out2
     out1, cache1 = _run([sys.executable, "-m", "yolov9", *_train_args(setup, "one", "--epochs", "2", "--cache", "ram")])
-    assert cache1 > 0 and abs(cache2 - cache1) <= 0.1 * cache1 + 16, (cache1, cache2)  # one copy per machine
+    # one copy per machine: a copy per rank would double the cache's RAM (PSS is sampled, so allow a margin)
+    assert cache1 > 0 and cache2 < 1.5 * cache1, (cache1, cache2)
     # the 2-rank checkpoint continues in one process, with the same global batch
     _run([sys.executable, "-m", "yolov9", "train", "--resume", str(setup[1] / "runs" / "two"), "--device", "cpu"])
     two, one = _rows(setup, "two"), _rows(setup, "one")
