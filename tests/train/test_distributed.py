@@ -42,27 +42,33 @@ def _torchrun(n: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "yolov9"]
 
 
-def _cache_pss_kib(root: psutil.Process) -> int:
-    """Proportional RAM of the shared image cache over the process tree: one copy counts once however many map it."""
-    total = 0
+def _cache_maps(root: psutil.Process) -> dict[int, set[tuple[str, int]]]:
+    """Per process of the tree: the (inode, mapped bytes) of each mapping of a shared image cache file."""
+    out: dict[int, set[tuple[str, int]]] = {}
     for p in [root, *root.children(recursive=True)]:
         try:
-            total += sum(m.pss for m in p.memory_maps() if "yolov9-cache" in m.path) // 1024
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            lines = Path(f"/proc/{p.pid}/maps").read_text().splitlines()
+        except OSError:
             continue
-    return total
+        for line in lines:
+            if "yolov9-cache" in line and ".tmp" not in line:
+                span, _, _, _, inode = line.split()[:5]
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                out.setdefault(p.pid, set()).add((inode, hi - lo))
+    return out
 
 
-def _run(cmd: list[str], timeout: float = 300) -> tuple[str, int]:
-    """Runs to the end, sampling the cache's RAM; returns (output, largest cache KiB seen)."""
+def _run(cmd: list[str], timeout: float = 300) -> tuple[str, dict[int, set[tuple[str, int]]]]:
+    """Runs to the end, watching which cache file each process maps; returns (output, the mappings seen)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    root, peak, deadline = psutil.Process(p.pid), 0, time.time() + timeout
+    root, seen, deadline = psutil.Process(p.pid), {}, time.time() + timeout
     while p.poll() is None and time.time() < deadline:
-        peak = max(peak, _cache_pss_kib(root))
+        for pid, maps in _cache_maps(root).items():
+            seen.setdefault(pid, set()).update(maps)
         time.sleep(0.05)
     out = p.communicate(timeout=max(1.0, deadline - time.time()))[0]
     assert p.returncode == 0, out[-3000:]
-    return out, peak
+    return out, seen
 
 
 def _rows(setup, name: str) -> list[dict]:
@@ -70,13 +76,14 @@ def _rows(setup, name: str) -> list[dict]:
 
 
 def test_two_ranks_match_one_process_and_resume_with_one(setup):
-    out2, cache2 = _run(
-        _torchrun(2) + _train_args(setup, "two", "--epochs", "2", "--stop-after", "1", "--cache", "ram")
-    )
+    two = _train_args(setup, "two", "--epochs", "2", "--stop-after", "1", "--cache", "ram")
+    out2, maps2 = _run(_torchrun(2) + two)
     assert "shared by 2 local ranks" in out2
-    out1, cache1 = _run([sys.executable, "-m", "yolov9", *_train_args(setup, "one", "--epochs", "2", "--cache", "ram")])
-    # one copy per machine: a copy per rank would double the cache's RAM (PSS is sampled, so allow a margin)
-    assert cache1 > 0 and cache2 < 1.5 * cache1, (cache1, cache2)
+    out1, maps1 = _run([sys.executable, "-m", "yolov9", *_train_args(setup, "one", "--epochs", "2", "--cache", "ram")])
+    # one copy per machine: both ranks map the same cache file, as large as the one process's
+    files2, files1 = set().union(*maps2.values()), set().union(*maps1.values())
+    assert len(maps2) == 2 and len(files2) == 1, maps2
+    assert len(maps1) == 1 and len(files1) == 1 and files1.pop()[1] == files2.pop()[1]
     # the 2-rank checkpoint continues in one process, with the same global batch
     _run([sys.executable, "-m", "yolov9", "train", "--resume", str(setup[1] / "runs" / "two"), "--device", "cpu"])
     two, one = _rows(setup, "two"), _rows(setup, "one")
