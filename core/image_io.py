@@ -5,6 +5,7 @@ and each full garbage-collection pass over them stalls every request in flight o
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Protocol
 
 from PIL import Image
@@ -30,6 +31,16 @@ def image_size(data: bytes) -> tuple[int, int]:
         raise ImageError(f"unsupported image format {fmt}")
     if w * h > MAX_PIXELS:
         raise ImageError(f"image declares {w}x{h} pixels, over the limit of {MAX_PIXELS:,}")
+    return h, w
+
+
+def image_file_hw(path: str | Path) -> tuple[int, int]:
+    """(height, width) of an image file from its header, reading no more of the file than that needs."""
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except Exception:
+        raise ImageError(f"{path}: not a decodable image") from None
     return h, w
 
 

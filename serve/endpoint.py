@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.image_io import image_size
+from core.image_io import image_file_hw
 
 
 async def _detect_all(send, files: list[Path], in_flight: int) -> list[np.ndarray]:
@@ -62,4 +62,4 @@ async def _via_triton(url, files, conf, iou, max_det, in_flight):
 
 
 def original_sizes(files: list[Path]) -> list[tuple[int, int]]:
-    return [image_size(f.read_bytes()) for f in files]
+    return [image_file_hw(f) for f in files]

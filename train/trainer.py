@@ -141,12 +141,15 @@ class Trainer:
         self.data_name = (
             str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
         )
-        kw = dict(cache=cfg.cache, workers=cfg.workers, dist_ctx=self.dist)
+        kw = dict(cache=cfg.cache, workers=cfg.workers)
         self.train_ds = DetectionDataset(
-            load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp, seed=cfg.seed, desc="train", **kw
-        )
-        # validation runs on rank 0
-        self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, desc="val", **kw) if cfg.val else None
+            load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp, seed=cfg.seed, desc="train",
+            dist_ctx=self.dist, **kw,
+        )  # fmt: skip
+        # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
+        self.val_ds = None
+        if cfg.val and self.main:
+            self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, desc="val", **kw)
         if self.main:
             for ds in filter(None, (self.train_ds, self.val_ds)):
                 print(ds.describe())

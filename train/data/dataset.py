@@ -18,7 +18,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
-from core.image_io import image_size
+from core.image_io import image_file_hw
 from core.preprocess import ImageError, decode_image, letterbox
 from train import distributed
 from train.data import augment as A
@@ -45,14 +45,20 @@ def check_image(path: Path) -> str | None:
         return "unreadable or corrupt images (skipped)"
 
 
+def resized_hw(h: int, w: int, size: int) -> tuple[int, int]:
+    """(h, w) of an h x w image with its long side scaled to `size` (what read_resized returns)."""
+    r = size / max(h, w)
+    return (h, w) if r == 1 else (max(1, round(h * r)), max(1, round(w * r)))
+
+
 def read_resized(path: Path, size: int, augment: bool) -> np.ndarray:
     """Decoded RGB HWC uint8 with the long side scaled to `size`."""
     img = decode_image(path).permute(1, 2, 0).numpy()
     h, w = img.shape[:2]
-    r = size / max(h, w)
-    if r != 1:
-        interp = cv2.INTER_LINEAR if (augment or r > 1) else cv2.INTER_AREA
-        img = cv2.resize(img, (max(1, round(w * r)), max(1, round(h * r))), interpolation=interp)
+    nh, nw = resized_hw(h, w, size)
+    if (nh, nw) != (h, w):
+        interp = cv2.INTER_LINEAR if (augment or max(nh, nw) > max(h, w)) else cv2.INTER_AREA
+        img = cv2.resize(img, (nw, nh), interpolation=interp)
     return np.ascontiguousarray(img)
 
 
@@ -93,11 +99,10 @@ class DetectionDataset(Dataset):
         self.eval_shapes: dict[int, tuple[int, int]] = {}  # index -> (H, W) of its rectangular validation batch
         self.original = original and not augment
         self.cache_mode = None if self.original else cache
-        cache = self.cache_mode
         self.ram: np.ndarray | None = None
-        if cache == "ram":
+        if self.cache_mode == "ram":
             self._cache_ram(workers, desc, dist_ctx or DistContext())
-        elif cache == "disk":
+        elif self.cache_mode == "disk":
             self._cache_disk(workers, desc)
 
     def describe(self) -> str:
@@ -129,27 +134,32 @@ class DetectionDataset(Dataset):
         print(f"{desc}: cache {self.ram.nbytes / 2**20:.1f} MiB in RAM{share} ({path.parent})")
 
     def _fill_shared_cache(self, path: Path, workers: int, desc: str) -> None:
-        sample = [read_resized(p, self.img_size, self.augment).nbytes for p in self.images[:: max(1, len(self) // 16)]]
-        need = float(np.mean(sample)) * len(self)
-        avail = psutil.virtual_memory().available
+        """Sizes from the image headers, then each decoded image straight into its slot of the file: the cache
+        never exists twice in memory."""
+        shapes = [(*resized_hw(*image_file_hw(p), self.img_size), 3) for p in self.images]
+        sizes = np.array([h * w * c for h, w, c in shapes], np.int64)
+        need, avail = int(sizes.sum()), psutil.virtual_memory().available
         if need * 1.3 > avail:
             raise MemoryError(
                 f"{desc}: --cache ram needs about {need / 2**30:.1f} GiB but only {avail / 2**30:.1f} "
                 f"GiB is free; use --cache disk or no cache"
             )
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            it = pool.map(lambda p: read_resized(p, self.img_size, self.augment), self.images)
-            images = list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
-        sizes = np.array([im.size for im in images], np.int64)
-        index = np.zeros((len(images), 4), np.int64)  # offset, h, w, c
+        index = np.zeros((len(shapes), 4), np.int64)  # offset, h, w, c
         index[1:, 0] = np.cumsum(sizes)[:-1]
-        index[:, 1:] = [im.shape for im in images]
+        index[:, 1:] = shapes
         tmp = path.with_name(path.name + ".tmp")
-        buf = np.memmap(tmp, np.uint8, mode="w+", shape=(max(1, int(sizes.sum())),))
-        for (off, *_), im in zip(index, images):
-            buf[off : off + im.size] = im.reshape(-1)
-        buf.flush()
-        del buf
+        buf = np.memmap(tmp, np.uint8, mode="w+", shape=(max(1, need),))
+
+        def fill(i: int) -> None:
+            im = read_resized(self.images[i], self.img_size, self.augment)
+            if im.shape != shapes[i]:
+                raise ValueError(f"{self.images[i]}: decodes to {im.shape[:2]}, its header says {shapes[i][:2]}")
+            buf[index[i, 0] : index[i, 0] + im.size] = im.reshape(-1)
+
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            it = pool.map(fill, range(len(self)))
+            list(tqdm(it, total=len(self), desc=f"{desc}: caching {need / 2**30:.2f} GiB in RAM"))
+        buf.flush()  # the mapping closes when this function returns
         np.save(f"{path}.index.npy", index)
         tmp.replace(path)
 
@@ -230,7 +240,7 @@ def rect_batches(ds: DetectionDataset, batch: int, stride: int = 32, pad: float 
     """The official validation batching: images sorted by aspect ratio (h / w), and each batch letterboxed to one
     stride-aligned shape that fits its widest or tallest image, with half a stride of padding. Sets ds.eval_shapes
     and returns the batches of indices."""
-    hw = np.array([image_size(p.read_bytes()) for p in ds.images], np.float64)
+    hw = np.array([image_file_hw(p) for p in ds.images], np.float64)
     ar = hw[:, 0] / hw[:, 1]
     order = ar.argsort()  # numpy's default sort, as officially: ties (many 4:3 photos) fall into the same batches
     batches = [order[k : k + batch] for k in range(0, len(order), batch)]
