@@ -77,8 +77,8 @@ def weights_meta(spec: str | Path) -> EngineMeta:
     """What a spec holds without building an engine: names, image size and training data of an engine file or a
     checkpoint (our checkpoints record the training size; others run at 640), COCO's for a zoo name."""
     path = Path(spec)
-    if path.suffix == ".onnx" and path.is_file():
-        import onnx
+    if path.suffix == ".onnx" and path.is_file() and not EngineMeta.path_for(path).is_file():
+        import onnx  # an ONNX file carries the same metadata inside: parse it only without the sidecar
 
         props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
         return EngineMeta.from_props(props, path)

@@ -62,13 +62,12 @@ def _val_one(args: argparse.Namespace) -> None:
 
 def _val_url(args: argparse.Namespace) -> None:
     """The deployment at --url scored on the dataset's original files, as a client sends them."""
+    from export.evaluate import DEPLOYMENT, load_val_split
     from serve.endpoint import detect_files, original_sizes
-    from train.data.dataset import DetectionDataset
-    from train.data.formats import load_split, resolve_data
     from train.validate import score
 
-    index = load_split(resolve_data(args.data or _trained_on(args.weights)), args.split)
-    ds = DetectionDataset(index, args.img or 640, augment=False, desc=args.split, original=True)
+    # only the ground truth is used: the server letterboxes the files itself
+    ds = load_val_split(args.data or _trained_on(args.weights), args.split, args.img or 640, DEPLOYMENT)
     print(ds.describe())
     per_image = detect_files(args.url, ds.images, args.conf, args.iou, args.max_det)
     dets = [[i, x1, y1, x2 - x1, y2 - y1, s, int(c)] for i, d in enumerate(per_image) for x1, y1, x2, y2, s, c in d]
