@@ -149,26 +149,19 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> None:
     """Triton and the gateway together on the given weights or engine."""
-    from serve.stack import ServingStack, StackConfig, serve_once
+    from serve.stack import ServingStack, StackConfig, answer_once
 
     if not args.weights:
         raise ValueError("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
     ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
-    if args.once:
-        serve_once(args.weights, args.port, args.img, args.conf, ports, None if args.repo == REPO else args.repo)
-        return
+    repo = None if args.once and args.repo == REPO else args.repo  # --once leaves the served repository alone
     cfg = StackConfig(
-        args.weights,
-        args.repo,
-        args.name,
-        args.host,
-        args.port,
-        args.workers,
-        ports,
-        args.mps,
-        args.timeout,
+        args.weights, repo, args.name, args.host, args.port, args.workers, ports, args.mps, args.timeout,
         _repo_options(args),
-    )
+    )  # fmt: skip
+    if args.once:
+        answer_once(cfg, args.conf)
+        return
     with ServingStack(cfg) as stack:
         print(
             f"serving {args.weights}: gateway {stack.url} (docs {stack.url}/docs), Triton gRPC {stack.triton.grpc_url}"

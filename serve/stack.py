@@ -78,6 +78,19 @@ class ServingStack:
             return json.loads(r.read())
 
 
+def answer_once(cfg: StackConfig, conf: float = 0.25) -> dict:
+    """Start the stack, send the first sample image, print and return the answer, stop."""
+    sample = sample_images()[0]
+    with ServingStack(cfg) as stack:
+        print(f"serving {cfg.engine}: gateway {stack.url} (docs {stack.url}/docs), Triton gRPC {stack.triton.grpc_url}")
+        body = stack.detect(sample, conf)
+    print(
+        f"POST /v1/detect?conf={conf} {sample.name} -> {len(body['detections'])} detections in {body['latency_ms']} ms"
+    )
+    print(json.dumps(body["detections"][:10], indent=1))
+    return body
+
+
 def serve_once(
     engine: str,
     port: int = 8080,
@@ -86,16 +99,6 @@ def serve_once(
     triton_ports: tuple[int, int, int] = (8000, 8001, 8002),
     repo: str | None = None,
 ) -> dict:
-    """Serve `engine` (at its own image size unless `img`), send the first sample image, print and return the
-    answer, stop."""
-    sample = sample_images()[0]
+    """answer_once() for `engine` with the default stack (at the engine's own image size unless `img`)."""
     options = {"img_size": img} if img else {}
-    cfg = StackConfig(str(engine), repo, port=port, triton_ports=triton_ports, repo_options=options)
-    with ServingStack(cfg) as stack:
-        print(f"serving {engine}: gateway {stack.url} (docs {stack.url}/docs), Triton gRPC {stack.triton.grpc_url}")
-        body = stack.detect(sample, conf)
-    print(
-        f"POST /v1/detect?conf={conf} {sample.name} -> {len(body['detections'])} detections in {body['latency_ms']} ms"
-    )
-    print(json.dumps(body["detections"][:10], indent=1))
-    return body
+    return answer_once(StackConfig(str(engine), repo, port=port, triton_ports=triton_ports, repo_options=options), conf)
