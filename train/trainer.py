@@ -247,7 +247,7 @@ class Trainer:
         self.lf = lr_lambda(cfg.epochs, hyp.lrf, cfg.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype is torch.float16)
-        self.ema = ModelEMA(self.model)
+        self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
         self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
         if self.resume_state is None:
@@ -256,7 +256,8 @@ class Trainer:
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.scaler.load_state_dict(st["scaler"])
-        self.ema.load_state_dict({"model": self.resume_state["model"], "updates": st["ema_updates"]})
+        if self.ema is not None:
+            self.ema.load_state_dict({"model": self.resume_state["model"], "updates": st["ema_updates"]})
         self.best, self.batch = st["best_fitness"], st["batch"]
         set_rng_state(st["rng"])
         print(f"resuming from epoch {st['epoch'] + 1} of {cfg.epochs}")
