@@ -16,22 +16,42 @@ from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
-from train.step import AMP_DTYPES, build_optimizer, forward_backward, optimizer_step
+from train.step import AMP_DTYPES, build_optimizer, forward_backward, make_scaler, optimizer_step
 
 
 class _UtilSampler(threading.Thread):
-    """Samples NVML utilisation every 50 ms while the timed steps run."""
+    """Samples NVML utilisation and device memory in use (what nvidia-smi shows) every 50 ms while steps run."""
 
     def __init__(self, monitor: GpuMonitor):
         super().__init__(daemon=True)
-        self.monitor, self.samples, self.stop = monitor, [], threading.Event()
+        self.monitor, self.samples, self.used_peak, self.stop = monitor, [], 0.0, threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
             u = self.monitor.utilization()
             if u is not None:
                 self.samples.append(u)
+            self.used_peak = max(self.used_peak, self.monitor.used_gib() or 0.0)
             time.sleep(0.05)
+
+
+def training_gflop_per_image(model: torch.nn.Module, img: int, dev: torch.device) -> float:
+    """Forward plus backward FLOPs of one training image, counted by torch's FLOP counter on a batch of two
+    (BatchNorm needs more than one value per channel); parameters' gradients are left as they were."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    grads = [p.grad for p in model.parameters()]
+    counter = FlopCounterMode(display=False)
+    with counter, torch.autocast(dev.type, enabled=False):
+        out = model(torch.zeros(2, 3, img, img, device=dev))
+        sum(t.float().sum() for t in _leaves(out)).backward()
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g
+    return counter.get_total_flops() / 2 / 1e9
+
+
+def _leaves(out):
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _leaves(o)]
 
 
 def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
@@ -97,7 +117,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     net = model
     if ctx.active:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    scaler = torch.amp.GradScaler(dev.type, enabled=dtype is torch.float16)
+    scaler = make_scaler(dev, dtype)
     loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
     it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)
@@ -110,12 +130,14 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         imgs, _, targets, _, _ = next(it)
         wait += time.perf_counter() - tw
         loss, _ = forward_backward(net, imgs, targets, loss_fn, dtype, scaler, channels_last, ctx.world)
-        optimizer_step(model, opt, scaler, ema, 10.0, loss, distributed.all_true(ctx, torch.isfinite(loss)))
+        optimizer_step(model, opt, scaler, ema, 10.0)
 
+    t_warm = time.perf_counter()
     for _ in range(args.warmup):
         step()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+    warmup_s = time.perf_counter() - t_warm
     t0, wait = time.perf_counter(), 0.0
     sampler.start()
     for _ in range(args.steps):
@@ -124,6 +146,9 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         torch.cuda.synchronize(dev)
     el = float(distributed.mean(ctx, torch.tensor(time.perf_counter() - t0, device=dev)))
     sampler.stop.set()
+    ips = args.steps * args.batch * ctx.world / el
+    gflop = training_gflop_per_image(model, args.img, dev)
+    tflops = ips * gflop / 1e3 / ctx.world  # per GPU
     row = {
         "amp": amp,
         "cfg": args.cfg,
@@ -133,10 +158,16 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "cudnn_benchmark": args.cudnn_benchmark,
         "steps": args.steps,
         "gpus": ctx.world,
-        "images_per_s": round(args.steps * args.batch * ctx.world / el, 1),
+        "images_per_s": round(ips, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
+        "warmup_s": round(warmup_s, 1),
+        "train_gflop_per_image": round(gflop, 3),
+        "achieved_tflops_per_gpu": round(tflops, 1),
+        "mfu": round(tflops / args.peak_tflops, 3) if dev.type == "cuda" else None,
         "peak_memory_gib": round(monitor.peak_gib(), 2),
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else 0.0,
+        "peak_nvidia_smi_gib": round(sampler.used_peak, 2) if sampler.used_peak else None,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
     }
     if args.profile:

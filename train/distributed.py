@@ -68,15 +68,6 @@ def mean(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     return t / ctx.world
 
 
-def all_true(ctx: DistContext, flag: torch.Tensor) -> bool:
-    """Whether a boolean tensor is true on every rank (ranks must agree on skipping a non-finite step)."""
-    if not ctx.active:
-        return bool(flag)
-    t = flag.to(torch.int32).reshape(1)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
-
-
 def spread(ctx: DistContext, value: float) -> float:
     """max - min of a float over ranks (0.0 when ranks agree, as their parameters must)."""
     if not ctx.active:

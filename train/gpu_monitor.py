@@ -23,7 +23,14 @@ class GpuMonitor:
             return None
         return int(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
 
+    def used_gib(self) -> float | None:
+        """Device memory in use by every process, CUDA contexts included (what nvidia-smi reports)."""
+        if self.handle is None:
+            return None
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**30
+
     def peak_gib(self) -> float:
+        """Peak memory torch's caching allocator reserved (its share of what nvidia-smi shows)."""
         if self.device.type != "cuda":
             return 0.0
         return torch.cuda.max_memory_reserved(self.device) / 2**30

@@ -32,55 +32,92 @@ def pad_targets(targets: torch.Tensor, batch_size: int) -> torch.Tensor:
 
 
 class TaskAlignedAssigner:
-    """Top-k anchors per ground truth by score^alpha * CIoU^beta, among anchors whose centre lies in the box."""
+    """Top-k anchors per ground truth by score^alpha * CIoU^beta, among anchors whose centre lies in the box.
 
-    def __init__(self, nc: int, topk: int = 10, alpha: float = 0.5, beta: float = 6.0, eps: float = 1e-9):
+    Its metric is an (images, boxes, anchors) tensor per term, the largest transient of a training step at big
+    batches; images go through in chunks of at most `max_elements` such entries (same result, bounded memory)."""
+
+    def __init__(
+        self,
+        nc: int,
+        topk: int = 10,
+        alpha: float = 0.5,
+        beta: float = 6.0,
+        eps: float = 1e-9,
+        max_elements: int = 2**25,
+    ):
         self.nc, self.topk, self.alpha, self.beta, self.eps = nc, topk, alpha, beta, eps
+        self.max_elements = max_elements
 
     @torch.no_grad()
     def __call__(self, pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt):
         """pd_scores (b, A, nc) sigmoid; pd_bboxes (b, A, 4) xyxy px; anchors (A, 2) px; gt_labels (b, n, 1);
         gt_bboxes (b, n, 4) xyxy px; mask_gt (b, n, 1). Returns target boxes, scores and the foreground mask."""
         b, n = gt_bboxes.shape[:2]
-        num_anchors = anchors.shape[0]
         if n == 0:
             return (
                 torch.zeros_like(pd_bboxes),
                 torch.zeros_like(pd_scores),
                 torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device),
             )
+        step = max(1, self.max_elements // (n * anchors.shape[0]))
+        if step >= b:
+            return self._assign(pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt)
+        out = (
+            torch.empty_like(pd_bboxes),
+            torch.empty_like(pd_scores),
+            pd_scores.new_empty(b, pd_scores.shape[1], dtype=torch.bool),
+        )
+        for i in range(0, b, step):
+            chunk = (t[i : i + step] for t in (pd_scores, pd_bboxes))
+            gts = (t[i : i + step] for t in (gt_labels, gt_bboxes, mask_gt))
+            for o, r in zip(out, self._assign(*chunk, anchors, *gts)):
+                o[i : i + step] = r
+        return out
+
+    def _assign(self, pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt):
+        b, n = gt_bboxes.shape[:2]
+        num_anchors = anchors.shape[0]
         labels = gt_labels.long().squeeze(-1)  # (b, n)
         # score of each anchor for each gt's class, (b, n, A)
         scores = pd_scores.permute(0, 2, 1).gather(1, labels.unsqueeze(-1).expand(b, n, num_anchors))
         overlaps = bbox_ciou(gt_bboxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).squeeze(3).clamp(0)
         align = scores.pow(self.alpha) * overlaps.pow(self.beta)
+        del scores
 
-        lt, rb = gt_bboxes.unsqueeze(2).split(2, -1)  # (b, n, 1, 2)
-        deltas = torch.cat((anchors[None, None] - lt, rb - anchors[None, None]), -1)
-        in_gts = deltas.amin(-1).gt(self.eps).to(align.dtype)  # (b, n, A)
+        # anchor centre strictly inside the box by eps on all four sides, one (b, n, A) mask per side
+        ax, ay = anchors[:, 0], anchors[:, 1]
+        x1, y1, x2, y2 = (c.unsqueeze(-1) for c in gt_bboxes.unbind(-1))  # (b, n, 1)
+        in_gts = ((ax - x1) > self.eps) & ((ay - y1) > self.eps) & ((x2 - ax) > self.eps) & ((y2 - ay) > self.eps)
+        in_gts = in_gts.to(align.dtype)
 
         topk_idx = torch.topk(align * in_gts, self.topk, dim=-1).indices  # (b, n, k)
         topk_idx = torch.where(mask_gt.bool().expand(-1, -1, self.topk), topk_idx, 0)
         in_topk = torch.zeros_like(align).scatter_add_(-1, topk_idx, torch.ones_like(topk_idx, dtype=align.dtype))
         in_topk = torch.where(in_topk > 1, 0, in_topk)
         mask_pos = in_topk * in_gts * mask_gt
+        del in_topk, in_gts
 
         # an anchor claimed by several gts goes to the one with the highest IoU
         fg = mask_pos.sum(-2)  # (b, A)
-        best = F.one_hot(overlaps.argmax(1), n).permute(0, 2, 1).to(mask_pos.dtype)
+        best = torch.zeros_like(mask_pos).scatter_(1, overlaps.argmax(1, keepdim=True), 1.0)
         mask_pos = torch.where((fg > 1).unsqueeze(1), best, mask_pos)
+        del best
         fg = mask_pos.sum(-2)
         gt_idx = mask_pos.argmax(-2)  # (b, A)
 
         target_labels = labels.gather(1, gt_idx)
         target_bboxes = gt_bboxes.gather(1, gt_idx.unsqueeze(-1).expand(-1, -1, 4))
-        target_scores = F.one_hot(target_labels.clamp(0), self.nc) * (fg > 0).unsqueeze(-1)
 
         align = align * mask_pos
         pos_align = align.amax(-1, keepdim=True)
         pos_overlaps = (overlaps * mask_pos).amax(-1, keepdim=True)
-        norm = (align * pos_overlaps / (pos_align + self.eps)).amax(-2).unsqueeze(-1)
-        return target_bboxes, target_scores * norm, fg > 0
+        norm = (align * pos_overlaps / (pos_align + self.eps)).amax(-2).unsqueeze(-1)  # (b, A, 1)
+        # the normalised score at each foreground anchor's class (no (b, A, nc) one-hot of int64)
+        target_scores = torch.zeros_like(pd_scores).scatter_(
+            -1, target_labels.clamp(0).unsqueeze(-1), norm * (fg > 0).unsqueeze(-1)
+        )
+        return target_bboxes, target_scores, fg > 0
 
 
 class DetectionLoss:

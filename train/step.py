@@ -1,5 +1,8 @@
 """The training step, shared by the trainer, `bench train` and `--batch -1`, so what is timed is what trains: the
-device, the optimizer's parameter groups, one micro-batch forward/backward and one optimizer step."""
+device, the optimizer's parameter groups, one micro-batch forward/backward and one optimizer step.
+
+No step waits for the host: a non-finite loss poisons the gradients, and the fused optimizer skips a step whose
+gradients are not finite on the device (`found_inf`), so the host can queue the next step while this one runs."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from train.ema import ModelEMA
 from train.loss import DetectionLoss
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+# "auto": fp16 on a GPU (faster than bf16 for every model and batch measured on the H200, see docs/benchmarks.md;
+# the gradient scaler keeps it stable, as in the official trainer), bf16 on the CPU, which has no fp16 autocast
+AMP_AUTO = {"cuda": "fp16", "cpu": "bf16"}
 
 
 def select_device(spec: str) -> torch.device:
@@ -24,8 +30,10 @@ def select_device(spec: str) -> torch.device:
 
 
 def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    if mode == "auto":
+        mode = AMP_AUTO.get(device.type, "off")
     if mode not in AMP_DTYPES:
-        raise ValueError(f"--amp {mode}: choose {', '.join(AMP_DTYPES)}")
+        raise ValueError(f"--amp {mode}: choose auto, {', '.join(AMP_DTYPES)}")
     if device.type == "cpu" and mode == "fp16":
         print("note: --amp fp16 is GPU-only; using bf16 autocast on the CPU")
         return torch.bfloat16
@@ -43,14 +51,24 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
         elif isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.requires_grad:
             weights.append(m.weight)
     if name == "SGD":
-        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, fused=True)
     elif name == "AdamW":
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=True)
     else:
         raise ValueError(f"--optimizer {name}: choose SGD or AdamW")
     opt.add_param_group({"params": weights, "weight_decay": decay})
     opt.add_param_group({"params": norms, "weight_decay": 0.0})
+    if name == "SGD":
+        # fused SGD leaves a new momentum buffer uninitialised when its first step is skipped (found_inf);
+        # zero buffers give the same first step (buffer = gradient) and a skipped one that changes nothing
+        for p in biases + weights + norms:
+            opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
     return opt
+
+
+def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.GradScaler:
+    """The gradient scaler fp16 needs; a disabled one otherwise (bf16 and fp32 have fp32's range)."""
+    return torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
 
 def forward_backward(
@@ -73,7 +91,10 @@ def forward_backward(
     with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
         preds = model(to_input(x))
     loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
-    scaler.scale(loss * world if world > 1 else loss).backward()
+    # NaN times a non-finite loss makes every gradient NaN (on every rank, after DDP's all-reduce): the step skips
+    # on the device instead of the host testing the loss
+    factor = torch.where(torch.isfinite(loss), float(world), torch.nan)
+    scaler.scale(loss * factor).backward()
     return loss, items
 
 
@@ -83,18 +104,23 @@ def optimizer_step(
     scaler: torch.amp.GradScaler,
     ema: ModelEMA | None,
     clip: float,
-    loss: torch.Tensor,
-    finite: bool | None = None,
-) -> bool:
-    """Unscale, clip, step, EMA; False (nothing applied) for a non-finite loss. The finiteness check is the one
-    host synchronisation of a training step (`finite` when the caller already decided it, across ranks)."""
-    ok = bool(torch.isfinite(loss)) if finite is None else finite
-    if ok:
+) -> torch.Tensor:
+    """Unscale, clip, step, EMA, all queued on the device. Returns a 0-d tensor, 1.0 when the step was skipped for
+    non-finite gradients (the parameters and optimizer state are then unchanged; the EMA updates, as officially)."""
+    if not optimizer.defaults.get("fused"):
+        raise ValueError("optimizer_step needs a fused optimizer (build_optimizer): it skips steps on the device")
+    if scaler.is_enabled():
         scaler.unscale_(optimizer)
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
-        scaler.step(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
+    found_inf = (~torch.isfinite(norm)).float()
+    if scaler.is_enabled():
+        scaler.step(optimizer)  # hands the fused step its own found_inf, the same test
         scaler.update()
-        if ema is not None:
-            ema.update(model)
+    else:
+        optimizer.found_inf = found_inf  # read by the fused kernels, as GradScaler.step would set it
+        optimizer.step()
+        del optimizer.found_inf
+    if ema is not None:
+        ema.update(model)
     optimizer.zero_grad(set_to_none=True)
-    return ok
+    return found_inf

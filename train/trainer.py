@@ -28,7 +28,7 @@ from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
 from train.loss import DetectionLoss
 from train.run_log import RunLog
-from train.step import amp_dtype, build_optimizer, forward_backward, optimizer_step
+from train.step import amp_dtype, build_optimizer, forward_backward, make_scaler, optimizer_step
 from train.validate import evaluate, format_table
 
 
@@ -44,7 +44,7 @@ class TrainConfig:
     batch: int = 16
     nbs: int = 64
     accumulate: int | None = None
-    amp: str = "bf16"
+    amp: str = "auto"
     optimizer: str = "SGD"
     cos_lr: bool = False
     clip: float = 10.0
@@ -214,7 +214,7 @@ class Trainer:
             print("--batch -1: no GPU, using 16")
             return 16
         loss_fn = DetectionLoss.for_model(self.model)
-        no_scaling = torch.amp.GradScaler(self.device.type, enabled=False)
+        no_scaling = make_scaler(self.device, None)
         used = []
         sizes = (4, 8)
         for b in sizes:
@@ -246,7 +246,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
         self.lf = lr_lambda(cfg.epochs, hyp.lrf, cfg.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype is torch.float16)
+        self.scaler = make_scaler(self.device, self.amp_dtype)
         self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
         self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
@@ -347,6 +347,7 @@ class Trainer:
         nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
         accumulate = self._accumulate()
         mloss = torch.zeros(3, device=self.device)
+        bad_losses = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, after the epoch
         self.optimizer.zero_grad(set_to_none=True)
         t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
         bar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True, disable=not self.main)
@@ -365,13 +366,11 @@ class Trainer:
                     loss, items = forward_backward(
                         self.net, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last, d.world
                     )
-                mloss = (mloss * i + items) / (i + 1)
+                bad_losses += ~torch.isfinite(loss)
+                mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
                 seen += imgs.shape[0] * d.world
                 if step:
-                    finite = distributed.all_true(d, torch.isfinite(loss))  # ranks skip a bad step together
-                    if not optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, loss, finite):
-                        self.skipped += 1
-                        tqdm.write(f"warning: non-finite loss at epoch {epoch + 1} step {i}; step skipped")
+                    self.skipped += optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip)
                     self.last_opt_step = ni
                 if self.main and (i % 10 == 0 or i == nb - 1):
                     el = time.perf_counter() - t_epoch
@@ -382,6 +381,8 @@ class Trainer:
                     )
                 bar.update(1)
         el = time.perf_counter() - t_epoch
+        if int(bad_losses):
+            tqdm.write(f"warning: {int(bad_losses)} non-finite losses in epoch {epoch + 1}; their steps were skipped")
         box, cls, dfl = distributed.mean(d, mloss).tolist()
         return {
             "epoch": epoch,

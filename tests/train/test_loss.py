@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.loss import DetectionLoss, pad_targets
+from core.boxes import make_anchors
+from train.loss import DetectionLoss, TaskAlignedAssigner, pad_targets
 
 
 @pytest.mark.parametrize("name,heads", [("yolov9-s", 2), ("gelan-c", 1)])
@@ -27,6 +28,9 @@ def test_loss_matches_official(interop, name, heads):
     assert padded.shape == (2, 8, 5) and torch.all(padded[0, 7] == 0)
     loss2, _ = loss_fn(preds, padded, padded=True)
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-6)
+    loss_fn.assigner.max_elements = 1  # one image per assigner chunk: still the official value
+    loss3, _ = loss_fn(preds, padded, padded=True)
+    assert loss3.item() == loss2.item()
 
 
 def test_loss_without_targets_is_finite_and_has_no_box_terms():
@@ -34,3 +38,28 @@ def test_loss_without_targets_is_finite_and_has_no_box_terms():
     loss, items = DetectionLoss(80, torch.tensor([8.0, 16.0, 32.0]))(feats, torch.zeros(0, 6))
     loss.backward()
     assert torch.isfinite(loss) and items[0] == 0 and items[2] == 0 and items[1] > 0
+
+
+def _crowded_batch(b: int = 5, n: int = 12, nc: int = 7, size: int = 256):
+    """Predictions and many overlapping boxes (anchors claimed by several boxes), some rows padding."""
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.zeros(1, 1, size // s, size // s) for s in (8, 16, 32)]
+    anchors, strides = make_anchors(feats, torch.tensor([8.0, 16.0, 32.0]), 0.5)
+    anchors = anchors * strides
+    a = anchors.shape[0]
+    centre, wh = torch.rand(b, a, 2, generator=g) * size, torch.rand(b, a, 2, generator=g) * 80 + 2
+    pd_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1)
+    centre, wh = torch.rand(b, n, 2, generator=g) * size, torch.rand(b, n, 2, generator=g) * 120 + 8
+    mask = (torch.rand(b, n, 1, generator=g) > 0.25).float()
+    gt_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1) * mask
+    labels = torch.randint(0, nc, (b, n, 1), generator=g).float() * mask
+    return torch.rand(b, a, nc, generator=g), pd_bboxes, anchors, labels, gt_bboxes, mask
+
+
+def test_assigner_in_image_chunks_gives_the_same_assignment():
+    batch = _crowded_batch()
+    whole = TaskAlignedAssigner(7)(*batch)
+    assert whole[2].sum() > 20
+    for max_elements in (1, 2 * 12 * batch[2].shape[0]):  # one image per chunk; two
+        for got, want in zip(TaskAlignedAssigner(7, max_elements=max_elements)(*batch), whole):
+            assert torch.equal(got, want)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import LIGHT_HYP, tiny_train_config
 from train.trainer import TrainConfig, Trainer
@@ -129,6 +130,17 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
     assert all(r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1 for r in rows)
     assert all(r["aten_ops_per_step"] > 100 for r in rows)  # a real forward/backward/optimizer step ran
     assert "aten::convolution" in (tmp_path / "profile.txt").read_text()
+    # training FLOPs: forward plus backward, about three forwards (no input gradient for the first layer)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from core.model import DetectionModel
+
+    model = DetectionModel("gelan-t", nc=80).train()
+    with FlopCounterMode(display=False) as fwd, torch.no_grad():
+        model(torch.zeros(2, 3, 96, 96))
+    ratio = rows[0]["train_gflop_per_image"] * 1e9 / (fwd.get_total_flops() / 2)
+    assert 2.5 < ratio < 3.1, ratio
+    assert rows[0]["mfu"] is None and rows[0]["warmup_s"] > 0
 
 
 def test_failed_setup_leaves_no_run_folder_and_keeps_latest(tmp_path, capsys):

@@ -1,0 +1,110 @@
+"""The training step skips non-finite steps on the device (fused optimizer, found_inf) and otherwise steps exactly
+as the reference optimizer does; on a GPU the whole step runs without one host synchronisation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from train.ema import ModelEMA
+from train.step import build_optimizer, forward_backward, make_scaler, optimizer_step
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU(), nn.Conv2d(8, 4, 1))
+
+
+def _imgs() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 3, 12, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+
+
+def _loss(poison: bool = False):
+    def fn(preds, targets, padded=True):
+        loss = preds.float().square().mean() * (torch.nan if poison else 1.0)
+        return loss, loss.detach().repeat(3)
+
+    return fn
+
+
+def _step(model, opt, scaler, ema=None, poison=False) -> torch.Tensor:
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(poison), None, scaler)
+    return optimizer_step(model, opt, scaler, ema, 10.0)
+
+
+def _reference(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Plain (unfused) SGD over the same three groups."""
+    fused = build_optimizer(model, "SGD", lr, 0.937, 5e-4)
+    groups = [{k: v for k, v in g.items() if k != "fused"} for g in fused.param_groups]
+    return torch.optim.SGD(groups, lr=lr, momentum=0.937, nesterov=True, foreach=False)
+
+
+def test_fused_step_equals_plain_sgd():
+    a, b = _net(), _net()
+    opt_a, opt_b = build_optimizer(a, "SGD", 0.05, 0.937, 5e-4), _reference(b, 0.05)
+    for _ in range(3):
+        assert float(_step(a, opt_a, make_scaler(torch.device("cpu"), None))) == 0.0
+        forward_backward(b, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+        nn.utils.clip_grad_norm_(b.parameters(), 10.0)
+        opt_b.step()
+        opt_b.zero_grad()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "grad-scaler"])
+def test_nonfinite_loss_skips_even_the_first_step_and_changes_nothing(optimizer, scaled):
+    model, fresh = _net(), _net()
+    opt = build_optimizer(model, optimizer, 0.05, 0.9, 5e-4)
+    scaler = torch.amp.GradScaler("cpu", enabled=scaled)
+    ema = ModelEMA(model)
+    before = copy.deepcopy(dict(model.named_parameters()))  # (a forward still moves BatchNorm's running stats)
+    assert float(_step(model, opt, scaler, ema, poison=True)) == 1.0
+    for k, v in model.named_parameters():
+        assert torch.equal(v, before[k]), k
+    if optimizer == "SGD":
+        assert all(torch.count_nonzero(s["momentum_buffer"]) == 0 for s in opt.state.values())
+    assert ema.updates == 1
+    if scaled:
+        assert scaler.get_scale() == 2.0**15  # backed off from 2**16, as after an fp16 overflow
+    # the next, finite step is the first step a fresh optimizer would take
+    ref_opt = build_optimizer(fresh, optimizer, 0.05, 0.9, 5e-4)
+    ref_scaler = torch.amp.GradScaler("cpu", enabled=scaled, init_scale=scaler.get_scale())
+    assert float(_step(model, opt, scaler)) == 0.0 == float(_step(fresh, ref_opt, ref_scaler))
+    for pa, pb in zip(model.parameters(), fresh.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0)
+    assert any(not torch.equal(v, before[k]) for k, v in model.named_parameters())
+
+
+def test_step_needs_a_fused_optimizer():
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+    with pytest.raises(ValueError, match="fused optimizer"):
+        optimizer_step(model, opt, make_scaler(torch.device("cpu"), None), None, 10.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
+def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
+    from core.model import DetectionModel
+    from train.loss import DetectionLoss
+
+    dev = torch.device("cuda")
+    model = DetectionModel("gelan-t", nc=3).to(dev).train()
+    loss_fn, scaler = DetectionLoss.for_model(model), make_scaler(dev, amp)
+    opt, ema = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), ModelEMA(model)
+    imgs = torch.randint(0, 256, (4, 3, 128, 128), dtype=torch.uint8).pin_memory()
+    targets = torch.tensor([[[1, 0.5, 0.5, 0.3, 0.2]]] * 4).pin_memory()
+    for i in range(3):  # the first step allocates and picks kernels; the later ones must not synchronise
+        torch.cuda.set_sync_debug_mode("error" if i else "default")
+        try:
+            forward_backward(model, imgs, targets, loss_fn, amp, scaler)
+            skipped = optimizer_step(model, opt, scaler, ema, 10.0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert float(skipped) in (0.0, 1.0)
