@@ -15,6 +15,7 @@ from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
+from train.graphed_step import GraphedStep
 from train.loss import DetectionLoss
 from train.step import AMP_DTYPES, build_optimizer, forward_backward, make_scaler, optimizer_step
 
@@ -118,6 +119,9 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     if ctx.active:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     scaler = make_scaler(dev, dtype)
+    if args.cuda_graph and (ctx.active or dev.type != "cuda"):
+        raise SystemExit("--cuda-graph needs one CUDA GPU (not the CPU, not torchrun)")
+    graphed = GraphedStep(model, loss_fn, dtype, scaler, channels_last) if args.cuda_graph else None
     loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
     it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)
@@ -129,8 +133,11 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         tw = time.perf_counter()
         imgs, _, targets, _, _ = next(it)
         wait += time.perf_counter() - tw
-        loss, _ = forward_backward(net, imgs, targets, loss_fn, dtype, scaler, channels_last, ctx.world)
-        optimizer_step(model, opt, scaler, ema, 10.0)
+        if graphed is not None:
+            graphed(imgs, targets)
+        else:
+            forward_backward(net, imgs, targets, loss_fn, dtype, scaler, channels_last, ctx.world)
+        optimizer_step(model, opt, scaler, ema, 10.0, keep_grads=graphed is not None)
 
     t_warm = time.perf_counter()
     for _ in range(args.warmup):
@@ -158,6 +165,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "cudnn_benchmark": args.cudnn_benchmark,
         "steps": args.steps,
         "gpus": ctx.world,
+        "cuda_graph": graphed is not None,
+        "graph_captures": graphed.captures if graphed is not None else 0,
         "images_per_s": round(ips, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,

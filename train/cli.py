@@ -39,6 +39,8 @@ _TRAIN_HELP = {
     "resume": "continue a run exactly: its folder or its weights/last.pt",
     "channels_last": "channels-last memory format on the GPU",
     "sync_bn": "synchronise BatchNorm statistics across the GPUs of a multi-GPU run (SyncBatchNorm)",
+    "cuda_graph": "after warm-up, replay each batch's forward, loss and backward as one captured CUDA graph (one "
+    "GPU; pays where the step is bound by launching kernels, i.e. small batches)",
     "cudnn_benchmark": "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen "
     "algorithms, and so the last bits of the results, may differ between runs)",
 }
@@ -171,8 +173,8 @@ def register(sub, bench) -> None:
         help="steady-state training throughput",
         description="Time training steps on real data (no synthetic input): images/s, GPU busy %, "
         "data-wait share, warm-up time, training FLOPs per image and model FLOP utilisation, and peak memory (as "
-        "torch allocated and reserved it, and as nvidia-smi shows it), for each --amp mode. Under torchrun each rank runs the step under DDP and "
-        "rank 0 reports the images/s of all ranks together.",
+        "torch allocated and reserved it, and as nvidia-smi shows it), for each --amp mode. Under torchrun each "
+        "rank runs the step under DDP and rank 0 reports the images/s of all ranks together.",
     )
     s.add_argument("--cfg", default="yolov9-s", help="model config")
     s.add_argument("--data", default=None, help="dataset (as for `yolov9 train`)")
@@ -202,6 +204,12 @@ def register(sub, bench) -> None:
         metavar="FILE",
         help="after timing, profile 3 steps: add operator calls and kernel launches per step to the results and "
         "append the top-operator table to FILE",
+    )
+    s.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replay forward, loss and backward as one captured CUDA graph (one GPU), as `yolov9 train --cuda-graph`",
     )
     s.add_argument(
         "--peak-tflops",

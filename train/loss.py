@@ -136,6 +136,20 @@ class DetectionLoss:
         self.nc, self.reg_max, self.head_weights = nc, reg_max, head_weights
         self.strides = strides
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
+        self._constants: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def constants(self, feats0: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Anchors, anchor strides, the xyxy pixel scale of normalised boxes and the gains, made once per device
+        and feature-map shapes: no step copies constants from the host (a CUDA graph could not capture that)."""
+        device = feats0[0].device
+        key = (device, *(tuple(f.shape[2:]) for f in feats0))
+        if key not in self._constants:
+            strides = self.strides.to(device)
+            anchors, stride_t = make_anchors(feats0, strides, 0.5, torch.float32)
+            h, w = (float(v * strides[0]) for v in feats0[0].shape[2:])
+            scale = torch.tensor([w, h, w, h], device=device)
+            self._constants[key] = (anchors, stride_t, scale, torch.tensor(GAINS, device=device))
+        return self._constants[key]
 
     @classmethod
     def for_model(cls, model) -> DetectionLoss:
@@ -149,20 +163,18 @@ class DetectionLoss:
         heads = preds if isinstance(preds[0], (list, tuple)) else [preds]
         feats0 = heads[0]
         b = feats0[0].shape[0]
-        device, dtype = feats0[0].device, torch.float32  # the loss runs in fp32 whatever the autocast dtype
-        strides = self.strides.to(device)
-        anchors, stride_t = make_anchors(feats0, strides, 0.5, dtype)
-        imgsz = torch.tensor(feats0[0].shape[2:], device=device, dtype=dtype) * strides[0]
+        device = feats0[0].device  # the loss runs in fp32 whatever the autocast dtype
+        anchors, stride_t, scale, gains = self.constants(feats0)
         gt = targets if padded else pad_targets(targets, b)
         gt = gt.to(device=device, dtype=torch.float32)
         gt_labels, gt_xywh = gt.split((1, 4), 2)
-        gt_bboxes = xywh2xyxy(gt_xywh * imgsz[[1, 0, 1, 0]])
+        gt_bboxes = xywh2xyxy(gt_xywh * scale)
         mask_gt = gt_bboxes.sum(2, keepdim=True).gt(0).float()
 
         loss = torch.zeros(3, device=device)
         for w, feats in zip(self.head_weights, heads):
             loss = loss + w * self._head(feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt)
-        loss = loss * torch.tensor(GAINS, device=device)
+        loss = loss * gains
         return loss.sum() * b, loss.detach()
 
     def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:

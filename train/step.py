@@ -80,15 +80,20 @@ def forward_backward(
     scaler: torch.amp.GradScaler,
     channels_last: bool = True,
     world: int = 1,
+    autocast_cache: bool = True,
 ):
     """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward.
     Under DDP (world ranks) the loss is scaled by world: DDP averages gradients over ranks, and the official loss
-    is a sum over the batch, so this keeps the gradient of one process with the global batch."""
+    is a sum over the batch, so this keeps the gradient of one process with the global batch. A CUDA graph capture
+    needs autocast_cache=False (autocast's cache of cast weights cannot outlive the capture)."""
     dev = next(model.parameters()).device
     x = imgs.to(dev, non_blocking=True)
     if channels_last and dev.type == "cuda":
         x = x.contiguous(memory_format=torch.channels_last)
-    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+    autocast = torch.autocast(
+        dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None, cache_enabled=autocast_cache
+    )
+    with autocast:
         preds = model(to_input(x))
     loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
     # NaN times a non-finite loss makes every gradient NaN (on every rank, after DDP's all-reduce): the step skips
@@ -104,9 +109,11 @@ def optimizer_step(
     scaler: torch.amp.GradScaler,
     ema: ModelEMA | None,
     clip: float,
+    keep_grads: bool = False,
 ) -> torch.Tensor:
     """Unscale, clip, step, EMA, all queued on the device. Returns a 0-d tensor, 1.0 when the step was skipped for
-    non-finite gradients (the parameters and optimizer state are then unchanged; the EMA updates, as officially)."""
+    non-finite gradients (the parameters and optimizer state are then unchanged; the EMA updates, as officially).
+    keep_grads zeroes the gradients in place (a captured backward accumulates into them) instead of dropping them."""
     if not optimizer.defaults.get("fused"):
         raise ValueError("optimizer_step needs a fused optimizer (build_optimizer): it skips steps on the device")
     if scaler.is_enabled():
@@ -122,5 +129,5 @@ def optimizer_step(
         del optimizer.found_inf
     if ema is not None:
         ema.update(model)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not keep_grads)
     return found_inf

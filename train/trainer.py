@@ -1,7 +1,7 @@
 """The trainer: AMP training with nominal-batch accumulation, warm-up, EMA, LR schedule, checkpoints and exact
 resume. `Trainer.fit` is the run (set-up, then per epoch: `train_one_epoch`, validation, checkpoint, log row); the
 step keeps the GPU fed: uint8 batches cross the bus and are normalised on the device, targets arrive padded, and
-the only host synchronisation is one finiteness check per optimizer step (train/step.py)."""
+no step waits for the host (non-finite steps are skipped on the device, train/step.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
+from train.graphed_step import GraphedStep
 from train.loss import DetectionLoss
 from train.run_log import RunLog
 from train.step import amp_dtype, build_optimizer, forward_backward, make_scaler, optimizer_step
@@ -63,6 +64,7 @@ class TrainConfig:
     channels_last: bool = True
     cudnn_benchmark: bool = True
     sync_bn: bool = False
+    cuda_graph: bool = False
     hyp: dict = field(default_factory=dict)
 
 
@@ -248,6 +250,11 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.scaler = make_scaler(self.device, self.amp_dtype)
         self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
+        self.graphed = None
+        if cfg.cuda_graph:
+            if self.device.type != "cuda" or self.dist.active:
+                raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
+            self.graphed = GraphedStep(self.model, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last)
         self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
         if self.resume_state is None:
@@ -347,8 +354,8 @@ class Trainer:
         nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
         accumulate = self._accumulate()
         mloss = torch.zeros(3, device=self.device)
+        self.optimizer.zero_grad(set_to_none=self.graphed is None)  # a captured backward owns the gradients
         bad_losses = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, after the epoch
-        self.optimizer.zero_grad(set_to_none=True)
         t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
         bar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True, disable=not self.main)
         with bar:
@@ -361,16 +368,26 @@ class Trainer:
                     target = cfg.accumulate or cfg.nbs / self.batch
                     accumulate = warmup(self.optimizer, ni, nw, self.lf(epoch), hyp, target)
                 step = ni - self.last_opt_step >= accumulate
-                # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
-                with self.net.no_sync() if d.active and not step else contextlib.nullcontext():
-                    loss, items = forward_backward(
-                        self.net, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last, d.world
-                    )
+                if self.graphed is not None and ni > nw:  # after warm-up LR and momentum change once an epoch
+                    loss, items = self.graphed(imgs, targets)
+                else:  # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
+                    with self.net.no_sync() if d.active and not step else contextlib.nullcontext():
+                        loss, items = forward_backward(
+                            self.net,
+                            imgs,
+                            targets,
+                            self.loss_fn,
+                            self.amp_dtype,
+                            self.scaler,
+                            cfg.channels_last,
+                            d.world,
+                        )
                 bad_losses += ~torch.isfinite(loss)
                 mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
                 seen += imgs.shape[0] * d.world
                 if step:
-                    self.skipped += optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip)
+                    keep = self.graphed is not None
+                    self.skipped += optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, keep)
                     self.last_opt_step = ni
                 if self.main and (i % 10 == 0 or i == nb - 1):
                     el = time.perf_counter() - t_epoch
@@ -397,8 +414,10 @@ class Trainer:
         }
 
     def _halve_batch(self, epoch: int):
-        """After CUDA ran out of memory: the same epoch again at half the batch."""
+        """After CUDA ran out of memory: the same epoch again at half the batch (a captured graph is dropped)."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.graphed is not None:
+            self.graphed = GraphedStep(self.model, self.loss_fn, self.amp_dtype, self.scaler, self.cfg.channels_last)
         torch.cuda.empty_cache()
         if self.batch == 1:
             raise torch.OutOfMemoryError("CUDA out of memory at batch 1")

@@ -88,23 +88,72 @@ def test_step_needs_a_fused_optimizer():
         optimizer_step(model, opt, make_scaler(torch.device("cpu"), None), None, 10.0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
-def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
+def _gpu_setup(amp):
     from core.model import DetectionModel
     from train.loss import DetectionLoss
 
     dev = torch.device("cuda")
+    torch.manual_seed(0)
     model = DetectionModel("gelan-t", nc=3).to(dev).train()
-    loss_fn, scaler = DetectionLoss.for_model(model), make_scaler(dev, amp)
+    return model, DetectionLoss.for_model(model), make_scaler(dev, amp)
+
+
+def _gpu_batch(i: int, boxes: int = 1, b: int = 4):
+    g = torch.Generator().manual_seed(i)
+    imgs = torch.randint(0, 256, (b, 3, 128, 128), dtype=torch.uint8, generator=g).pin_memory()
+    xywh = torch.rand(b, boxes, 4, generator=g) * 0.4 + 0.2
+    cls = torch.randint(0, 3, (b, boxes, 1), generator=g).float()
+    return imgs, torch.cat((cls, xywh), -1).pin_memory()
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
+def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
+    from train.graphed_step import GraphedStep
+
+    model, loss_fn, scaler = _gpu_setup(amp)
     opt, ema = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), ModelEMA(model)
-    imgs = torch.randint(0, 256, (4, 3, 128, 128), dtype=torch.uint8).pin_memory()
-    targets = torch.tensor([[[1, 0.5, 0.5, 0.3, 0.2]]] * 4).pin_memory()
-    for i in range(3):  # the first step allocates and picks kernels; the later ones must not synchronise
+    graphed = GraphedStep(model, loss_fn, amp, scaler, warmup=2)
+    imgs, targets = _gpu_batch(0)
+    # eager steps: the first allocates, picks kernels and caches the loss constants; the later ones must not sync
+    for i in range(3):
         torch.cuda.set_sync_debug_mode("error" if i else "default")
         try:
             forward_backward(model, imgs, targets, loss_fn, amp, scaler)
-            skipped = optimizer_step(model, opt, scaler, ema, 10.0)
+            optimizer_step(model, opt, scaler, ema, 10.0, keep_grads=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert float(skipped) in (0.0, 1.0)
+    for i in range(6):  # graphed: two warm-up steps and the capture may synchronise, the replays must not
+        torch.cuda.set_sync_debug_mode("error" if i > 2 else "default")
+        try:
+            graphed(imgs, targets)
+            skipped = optimizer_step(model, opt, scaler, ema, 10.0, keep_grads=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert graphed.captures == 1 and float(skipped) in (0.0, 1.0)
+
+
+@needs_cuda
+def test_graphed_step_trains_like_the_eager_step():
+    from train.graphed_step import GraphedStep
+
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    eager, loss_fn, scaler = _gpu_setup(None)
+    graph_model = copy.deepcopy(eager)
+    opts = [build_optimizer(m, "SGD", 0.01, 0.937, 5e-4) for m in (eager, graph_model)]
+    graphed = GraphedStep(graph_model, loss_fn, None, make_scaler(torch.device("cuda"), None), warmup=2)
+    # box counts grow past the captured buffer once (a second capture); the last batch is short (eager)
+    plan = [(1, 4), (2, 4), (3, 4), (1, 4), (90, 4), (5, 4), (2, 3)]
+    for i, (boxes, b) in enumerate(plan):
+        imgs, targets = _gpu_batch(i, boxes, b)
+        _, want = forward_backward(eager, imgs, targets, loss_fn, None, scaler)
+        _, got = graphed(imgs, targets)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        for m, o in zip((eager, graph_model), opts):
+            optimizer_step(m, o, scaler, None, 10.0, keep_grads=True)
+    assert graphed.captures == 2
+    for pa, pb in zip(eager.parameters(), graph_model.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
