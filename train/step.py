@@ -66,6 +66,13 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
     return opt
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Resume an optimizer's state; one saved by an unfused optimizer would otherwise turn this one unfused."""
+    optimizer.load_state_dict(state)
+    for g in optimizer.param_groups:
+        g["fused"], g["foreach"] = True, None
+
+
 def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.GradScaler:
     """The gradient scaler fp16 needs; a disabled one otherwise (bf16 and fp32 have fp32's range)."""
     return torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
@@ -114,7 +121,7 @@ def optimizer_step(
     """Unscale, clip, step, EMA, all queued on the device. Returns a 0-d tensor, 1.0 when the step was skipped for
     non-finite gradients (the parameters and optimizer state are then unchanged; the EMA updates, as officially).
     keep_grads zeroes the gradients in place (a captured backward accumulates into them) instead of dropping them."""
-    if not optimizer.defaults.get("fused"):
+    if not all(g.get("fused") for g in optimizer.param_groups):
         raise ValueError("optimizer_step needs a fused optimizer (build_optimizer): it skips steps on the device")
     if scaler.is_enabled():
         scaler.unscale_(optimizer)

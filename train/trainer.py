@@ -29,7 +29,7 @@ from train.gpu_monitor import GpuMonitor
 from train.graphed_step import GraphedStep
 from train.loss import DetectionLoss
 from train.run_log import RunLog
-from train.step import amp_dtype, build_optimizer, forward_backward, make_scaler, optimizer_step
+from train.step import amp_dtype, build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
 from train.validate import evaluate, format_table
 
 
@@ -260,7 +260,7 @@ class Trainer:
         if self.resume_state is None:
             return 0
         st = self.resume_state["train"]
-        self.optimizer.load_state_dict(st["optimizer"])
+        load_optimizer_state(self.optimizer, st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.scaler.load_state_dict(st["scaler"])
         if self.ema is not None:

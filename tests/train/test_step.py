@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from train.ema import ModelEMA
-from train.step import build_optimizer, forward_backward, make_scaler, optimizer_step
+from train.step import build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
 
 
 def _net() -> nn.Module:
@@ -78,6 +78,17 @@ def test_nonfinite_loss_skips_even_the_first_step_and_changes_nothing(optimizer,
     for pa, pb in zip(model.parameters(), fresh.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0)
     assert any(not torch.equal(v, before[k]) for k, v in model.named_parameters())
+
+
+def test_state_of_an_unfused_optimizer_resumes_fused():
+    model = _net()
+    plain = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+    plain.step()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    load_optimizer_state(opt, plain.state_dict())
+    assert all(g["fused"] for g in opt.param_groups) and len(opt.state) == len(plain.state)
+    assert float(_step(model, opt, make_scaler(torch.device("cpu"), None), poison=True)) == 1.0
 
 
 def test_step_needs_a_fused_optimizer():
