@@ -101,20 +101,16 @@ def bench_train(args) -> list[dict]:
     return results
 
 
-def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: str) -> dict:
+def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | None, channels_last: bool):
+    """The model (DDP-wrapped as `net` under torchrun), loss, optimizer, EMA, scaler and graphed step, as trained."""
     dev = ctx.device
-    dtype = AMP_DTYPES[amp]
-    channels_last = args.channels_last and dev.type == "cuda"
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(0)
-    model = DetectionModel(args.cfg, nc=len(ds.names)).to(dev).train()
+    model = DetectionModel(args.cfg, nc=nc).to(dev).train()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     loss_fn = DetectionLoss.for_model(model)
-    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    ema = ModelEMA(model) if ctx.main else None
     net = model
     if ctx.active:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -122,6 +118,16 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     if args.cuda_graph and (ctx.active or dev.type != "cuda"):
         raise SystemExit("--cuda-graph needs one CUDA GPU (not the CPU, not torchrun)")
     graphed = GraphedStep(model, loss_fn, dtype, scaler, channels_last) if args.cuda_graph else None
+    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    return model, net, loss_fn, opt, ModelEMA(model) if ctx.main else None, scaler, graphed
+
+
+def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: str) -> dict:
+    dev = ctx.device
+    dtype = AMP_DTYPES[amp]
+    channels_last = args.channels_last and dev.type == "cuda"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    model, net, loss_fn, opt, ema, scaler, graphed = _build(args, len(ds.names), ctx, dtype, channels_last)
     loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
     it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)

@@ -147,11 +147,18 @@ def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
     assert graphed.captures == 1 and float(skipped) in (0.0, 1.0)
 
 
+@pytest.fixture
+def deterministic_cudnn():
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+
+
 @needs_cuda
-def test_graphed_step_trains_like_the_eager_step():
+def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
     from train.graphed_step import GraphedStep
 
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     eager, loss_fn, scaler = _gpu_setup(None)
     graph_model = copy.deepcopy(eager)
     opts = [build_optimizer(m, "SGD", 0.01, 0.937, 5e-4) for m in (eager, graph_model)]
