@@ -39,8 +39,8 @@ _TRAIN_HELP = {
     "resume": "continue a run exactly: its folder or its weights/last.pt",
     "channels_last": "channels-last memory format on the GPU",
     "sync_bn": "synchronise BatchNorm statistics across the GPUs of a multi-GPU run (SyncBatchNorm)",
-    "cuda_graph": "after warm-up, replay each batch's forward, loss and backward as one captured CUDA graph (one "
-    "GPU; pays where the step is bound by launching kernels, i.e. small batches)",
+    "cuda_graph": "replay each batch's forward, loss and backward as one captured CUDA graph, after three eager "
+    "steps (one GPU; pays where the step is bound by launching kernels, i.e. small batches)",
     "cudnn_benchmark": "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen "
     "algorithms, and so the last bits of the results, may differ between runs)",
 }

@@ -368,7 +368,7 @@ class Trainer:
                     target = cfg.accumulate or cfg.nbs / self.batch
                     accumulate = warmup(self.optimizer, ni, nw, self.lf(epoch), hyp, target)
                 step = ni - self.last_opt_step >= accumulate
-                if self.graphed is not None and ni > nw:  # after warm-up LR and momentum change once an epoch
+                if self.graphed is not None:  # LR, momentum and accumulation live in the eager optimizer step
                     loss, items = self.graphed(imgs, targets)
                 else:  # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
                     with self.net.no_sync() if d.active and not step else contextlib.nullcontext():

@@ -189,3 +189,8 @@ def test_every_help_names_each_default_once():
         env={**os.environ, "COLUMNS": "200"},  # one line per flag
     ).stdout
     assert "(default: yolov9-s)" in out and out.count("(default: 640)") == 1
+
+
+def test_cuda_graph_on_the_cpu_is_one_clear_error(subset, tmp_path):
+    with pytest.raises(ValueError, match="--cuda-graph needs one CUDA GPU"):
+        Trainer(_cfg(subset, tmp_path, epochs=1, cuda_graph=True)).fit()
