@@ -31,6 +31,11 @@ def _top_per_image(img, anchor, s, c, b: int, k: int):
     return img[keep], anchor[keep], s[keep], c[keep]
 
 
+def main_head(pred: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """The decoded output of a model in eval mode; a dual-head (YOLOv9) model gives [auxiliary, main]."""
+    return pred[-1] if isinstance(pred, (list, tuple)) else pred
+
+
 def nms_flat(
     pred: torch.Tensor,
     conf: float | list[float] = 0.25,
@@ -48,8 +53,7 @@ def nms_flat(
     (the official validation protocol, at most max_nms candidates per image); one torchvision batched NMS call
     suppresses per (image, class). conf, max_det and classes may be given per image (the server batches requests
     with different parameters)."""
-    if isinstance(pred, (list, tuple)):  # dual-head eval output: the main head is last
-        pred = pred[-1]
+    pred = main_head(pred)
     b, nc = pred.shape[0], pred.shape[1] - 4
     dev = pred.device
     per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)

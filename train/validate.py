@@ -14,7 +14,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from tqdm import tqdm
 
-from core.postprocess import per_image, postprocess_flat
+from core.postprocess import main_head, per_image, postprocess_flat
 from train.data.dataset import DetectionDataset
 
 
@@ -65,7 +65,7 @@ def evaluate(
     for imgs, _, _, idx, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
         x = imgs.to(device, non_blocking=True).to(dtype) / 255
         # the loader carries each image's letterbox meta
-        flat = postprocess_flat(predict(x).float(), metas, conf, iou, max_det, multi_label=multi_label)
+        flat = postprocess_flat(main_head(predict(x)).float(), metas, conf, iou, max_det, multi_label=multi_label)
         for det, i, meta in zip(per_image(flat), idx.tolist(), metas):
             shapes[i] = meta.orig_hw
             for x1, y1, x2, y2, s, c in det.cpu().tolist():

@@ -194,3 +194,10 @@ def test_every_help_names_each_default_once():
 def test_cuda_graph_on_the_cpu_is_one_clear_error(subset, tmp_path):
     with pytest.raises(ValueError, match="--cuda-graph needs one CUDA GPU"):
         Trainer(_cfg(subset, tmp_path, epochs=1, cuda_graph=True)).fit()
+
+
+def test_dual_head_model_trains_and_validates(subset, tmp_path):
+    """yolov9 models validate on their main head (eval mode gives [auxiliary, main])."""
+    summary = Trainer(_cfg(subset, tmp_path, cfg="yolov9-t", img=64, epochs=1, name="dual", val=True)).fit()
+    row = _rows(summary["run_dir"])[-1]
+    assert 0.0 <= row["map"] <= 1.0 and (Path(summary["run_dir"]) / "val_per_class.txt").exists()

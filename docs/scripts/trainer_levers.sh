@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The trainer-throughput measurement on one H200 (issue "Trainer throughput"). It takes longer than one `run` call
+# may (10 minutes), so start it detached and collect it from later calls (each within the machine's idle release):
+#   source .gpu/bootstrap.sh && OUT=/tmp/levers setsid nohup bash docs/scripts/trainer_levers.sh >/tmp/levers.log 2>&1 &
+#   sleep 540; cp -r /tmp/levers /tmp/levers.log $OUT/        (repeat until /tmp/levers/trainer_levers.json exists)
+# The GPU tests need pytest in the wheelhouse: ../shared/gpu/make-wheelhouse.sh pytest pluggy iniconfig
+# 1. the GPU tests of the step (sync-free step, CUDA graph = eager), if pytest is installed;
+# 2. `bench train` on coco128 for yolov9-s, gelan-s and yolov9-c at batch 128 and yolov9-s at batch 16, --amp
+#    fp16,bf16, without and with --cuda-graph: one JSON per run in $OUT;
+# 3. `yolov9 train` for 3 epochs on coco128 replicated x32 (4,096 images) at batch 128, RAM cache, as a user runs it
+#    (validation on coco128 itself), with its epoch rates.
+# Writes $OUT/trainer_levers.json (every bench row, the train rows). Each step runs under its own timeout, so one
+# that fails or hangs costs its limit and the rest still run. Overrides: MODELS ("cfg:batch ..."), GRAPHS, AMP,
+# STEPS, WARMUP, EPOCHS, REPEAT, DEVICE, IMG (a dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96
+# GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1).
+set -uo pipefail
+OUT=${OUT:-/tmp/levers}
+DATA=${DATA:-../shared/datasets}
+MODELS=${MODELS:-yolov9-s:128 gelan-s:128 yolov9-c:128 yolov9-s:16}
+GRAPHS=${GRAPHS:---no-cuda-graph --cuda-graph}
+AMP=${AMP:-fp16,bf16}
+STEPS=${STEPS:-30}
+WARMUP=${WARMUP:-10}
+EPOCHS=${EPOCHS:-3}
+REPEAT=${REPEAT:-32}
+DEVICE=${DEVICE:-0}
+IMG=${IMG:-640}
+WORKERS=${WORKERS:-14}
+mkdir -p "$OUT"
+if python3 -c "import pytest" 2>/dev/null; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/train/test_step.py >"$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests: exit $?" | tee -a "$OUT/gpu_tests.txt"
+fi
+for m in $MODELS; do
+  for g in $GRAPHS; do
+    name="${m%%:*}_b${m##*:}_${g#--}"
+    timeout 420 yolov9 bench train --cfg "${m%%:*}" --batch "${m##*:}" --data "$DATA/coco128" --img "$IMG" --amp "$AMP" \
+      --steps "$STEPS" --warmup "$WARMUP" --workers "$WORKERS" --cache ram --device "$DEVICE" $g \
+      --out "$OUT/bench_$name.json" >"$OUT/bench_$name.log" 2>&1
+    echo "bench $name: exit $?"
+  done
+done
+W=/tmp/coco128x$REPEAT
+mkdir -p "$W"
+python3 - "$DATA/coco128" "$W" "$REPEAT" <<'PY'
+import json, sys
+from pathlib import Path
+from core.coco_names import COCO_NAMES
+src, dst, n = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), int(sys.argv[3])
+files = sorted(p for p in (src / "images").rglob("*.jpg"))
+(dst / "train.txt").write_text("".join(f"{f}\n" for _ in range(n) for f in files))
+(dst / "val.txt").write_text("".join(f"{f}\n" for f in files))
+(dst / "data.yaml").write_text(f"path: {dst}\ntrain: train.txt\nval: val.txt\nnames: {json.dumps(COCO_NAMES)}\n")
+PY
+timeout 900 yolov9 train --data "$W/data.yaml" --cfg yolov9-s --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
+  --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT --exist-ok >"$OUT/train.log" 2>&1
+echo "train: exit $?"
+python3 - "$OUT" "/tmp/levers_runs/x$REPEAT/results.jsonl" <<'PY'
+import json, sys
+from pathlib import Path
+out, runs = Path(sys.argv[1]), Path(sys.argv[2])
+bench = [dict(r, run=p.stem) for p in sorted(out.glob("bench_*.json")) for r in json.loads(p.read_text())]
+train = [json.loads(x) for x in runs.read_text().splitlines()] if runs.exists() else []
+keys = ("epoch", "images_per_s", "data_wait", "box", "cls", "dfl", "map", "map50")
+summary = {"bench": bench, "train": [{k: r.get(k) for k in keys} for r in train]}
+(out / "trainer_levers.json").write_text(json.dumps(summary, indent=1))
+for r in bench:
+    print(f"{r['run']:38s} {r['amp']:5s} {r['images_per_s']:8.1f} img/s  busy {r['gpu_busy_pct']}%  "
+          f"mem {r['peak_memory_gib']} GiB  mfu {r['mfu']}")
+for r in summary["train"]:
+    print(f"train epoch {r['epoch']}: {r['images_per_s']:.1f} img/s")
+PY
