@@ -38,10 +38,12 @@ class _UtilSampler(threading.Thread):
 
 def training_gflop_per_image(model: torch.nn.Module, img: int, dev: torch.device) -> float:
     """Forward plus backward FLOPs of one training image, counted by torch's FLOP counter on a batch of two
-    (BatchNorm needs more than one value per channel); parameters' gradients are left as they were."""
+    (BatchNorm needs more than one value per channel); parameters' gradients are left as they were (set aside,
+    so that the count's backward does not accumulate into gradients a graphed step keeps)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     grads = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
     counter = FlopCounterMode(display=False)
     with counter, torch.autocast(dev.type, enabled=False):
         out = model(torch.zeros(2, 3, img, img, device=dev))
@@ -115,8 +117,6 @@ def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | Non
     if ctx.active:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     scaler = make_scaler(dev, dtype)
-    if args.cuda_graph and (ctx.active or dev.type != "cuda"):
-        raise SystemExit("--cuda-graph needs one CUDA GPU (not the CPU, not torchrun)")
     graphed = GraphedStep(model, loss_fn, dtype, scaler, channels_last) if args.cuda_graph else None
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     return model, net, loss_fn, opt, ModelEMA(model) if ctx.main else None, scaler, graphed

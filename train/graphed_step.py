@@ -32,8 +32,9 @@ class GraphedStep:
         self.model, self.loss_fn, self.amp_dtype, self.scaler = model, loss_fn, amp_dtype, scaler
         self.channels_last, self.warmup = channels_last, warmup
         self.device = next(model.parameters()).device
-        if self.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
+        # under torchrun the step runs through DDP, whose all-reduce hooks a capture does not take
+        if self.device.type != "cuda" or torch.distributed.is_initialized():
+            raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
         self.graph: torch.cuda.CUDAGraph | None = None
         self.imgs: torch.Tensor | None = None
         self.targets: torch.Tensor | None = None
@@ -65,16 +66,7 @@ class GraphedStep:
         self.graph, self.out = None, None
 
     def _step(self):
-        return forward_backward(
-            self.model,
-            self.imgs,
-            self.targets,
-            self.loss_fn,
-            self.amp_dtype,
-            self.scaler,
-            self.channels_last,
-            autocast_cache=False,
-        )
+        return self._eager(self.imgs, self.targets, autocast_cache=False)
 
     def _side_stream(self):
         """An eager step on a side stream, as capture requires of the steps before it."""
@@ -96,7 +88,14 @@ class GraphedStep:
         self.graph = graph
         self.captures += 1
 
-    def _eager(self, imgs: torch.Tensor, targets: torch.Tensor):
+    def _eager(self, imgs: torch.Tensor, targets: torch.Tensor, autocast_cache: bool = True):
         return forward_backward(
-            self.model, imgs, targets, self.loss_fn, self.amp_dtype, self.scaler, self.channels_last
+            self.model,
+            imgs,
+            targets,
+            self.loss_fn,
+            self.amp_dtype,
+            self.scaler,
+            self.channels_last,
+            autocast_cache=autocast_cache,
         )

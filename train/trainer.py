@@ -252,8 +252,6 @@ class Trainer:
         self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
         self.graphed = None
         if cfg.cuda_graph:
-            if self.device.type != "cuda" or self.dist.active:
-                raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
             self.graphed = GraphedStep(self.model, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last)
         self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
