@@ -74,13 +74,38 @@ class RepConvN(nn.Module):
         del self.conv1, self.conv2
 
 
+class _ShiftAvgPool2x2(torch.autograd.Function):
+    """avg_pool2d(x, 2, stride 1) as sums of shifted views, forward and backward: on the GPU in channels-last
+    half precision, the pooling kernels read and write at a fraction of the memory bandwidth that these
+    elementwise passes reach (docs/benchmarks.md)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        rows = x[..., :-1, :] + x[..., 1:, :]
+        return (rows[..., :-1] + rows[..., 1:]).mul_(0.25)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        g = F.pad(g, (1, 1, 1, 1))
+        rows = g[..., :-1, :] + g[..., 1:, :]
+        return (rows[..., :-1] + rows[..., 1:]).mul_(0.25)
+
+
+def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
+    """The 2x2, stride-1 average pool of AConv and ADown; training on a GPU takes the shifted-sum form, inference
+    and the CPU the pooling operator (the same values to rounding; exports keep one AveragePool node)."""
+    if x.is_cuda and torch.is_grad_enabled() and x.requires_grad:
+        return _ShiftAvgPool2x2.apply(x)
+    return F.avg_pool2d(x, 2, 1, 0, False, True)
+
+
 class AConv(nn.Module):
     def __init__(self, c1: int, c2: int):
         super().__init__()
         self.cv1 = Conv(c1, c2, 3, 2, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.cv1(F.avg_pool2d(x, 2, 1, 0, False, True))
+        return self.cv1(avg_pool_2x2_s1(x))
 
 
 class ADown(nn.Module):
@@ -91,7 +116,7 @@ class ADown(nn.Module):
         self.cv2 = Conv(c1 // 2, self.c, 1, 1, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = F.avg_pool2d(x, 2, 1, 0, False, True).chunk(2, 1)
+        x1, x2 = avg_pool_2x2_s1(x).chunk(2, 1)
         return torch.cat((self.cv1(x1), self.cv2(F.max_pool2d(x2, 3, 2, 1))), 1)
 
 

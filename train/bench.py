@@ -15,9 +15,9 @@ from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
-from train.graphed_step import GraphedStep
+from train.graphed_step import StepOptions, TrainStep
 from train.loss import DetectionLoss
-from train.step import AMP_DTYPES, build_optimizer, forward_backward, make_scaler, optimizer_step
+from train.step import AMP_DTYPES, build_optimizer, make_scaler
 
 
 class _UtilSampler(threading.Thread):
@@ -57,9 +57,26 @@ def _leaves(out):
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _leaves(o)]
 
 
+KERNEL_KINDS = (  # by substrings of kernel names, first match wins (cuDNN's BatchNorm kernels before its convs)
+    ("batchnorm", ("batch_norm", "batchnorm", "bn_fw", "bn_bw", "welford")),
+    ("conv_gemm", ("conv", "gemm", "xmma", "cutlass", "implicit", "wgrad", "dgrad", "fprop", "cudnn")),
+    ("optimizer", ("fused_sgd", "fused_adam", "multi_tensor", "foreach")),
+    ("reduction", ("reduce", "norm_kernel", "topk", "sort", "scan")),
+    ("layout_copy", ("copy", "transpose", "nchw", "nhwc", "cat_", "catarray", "gather", "scatter", "index")),
+    ("elementwise", ("elementwise", "unrolled", "vectorized", "silu", "sigmoid")),
+)
+
+
+def _kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
 def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
     """n steps under torch.profiler: operator calls and kernel launches per step (host-bound steps show many
-    of both), the table of the top operators by host time written to `out`."""
+    of both), the share of GPU time per kind of kernel, and the top operators by host time and the top kernels by
+    GPU time, as tables appended to `out`."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -69,11 +86,21 @@ def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     ka = prof.key_averages()
+    kernels = [e for e in ka if e.device_type == DeviceType.CUDA]
+    gpu_us = sum(e.self_device_time_total for e in kernels)
+    shares: dict[str, float] = {}
+    for e in kernels:
+        kind = _kernel_kind(e.key)
+        shares[kind] = shares.get(kind, 0.0) + e.self_device_time_total / max(gpu_us, 1e-9)
     with open(out, "a") as f:
         f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+        if kernels:
+            f.write(ka.table(sort_by="self_device_time_total", row_limit=40) + "\n")
     return {
         "aten_ops_per_step": round(sum(e.count for e in ka if e.key.startswith("aten::")) / n),
         "kernel_launches_per_step": round(sum(e.count for e in ka if "LaunchKernel" in e.key) / n),
+        "gpu_kernel_ms_per_step": round(gpu_us / n / 1e3, 2),
+        "gpu_time_share": {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
     }
 
 
@@ -104,7 +131,7 @@ def bench_train(args) -> list[dict]:
 
 
 def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | None, channels_last: bool):
-    """The model (DDP-wrapped as `net` under torchrun), loss, optimizer, EMA, scaler and graphed step, as trained."""
+    """The model and the step (DDP-wrapped under torchrun, captured where graphs are on), as trained."""
     dev = ctx.device
     torch.manual_seed(0)
     model = DetectionModel(args.cfg, nc=nc).to(dev).train()
@@ -116,10 +143,10 @@ def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | Non
     net = model
     if ctx.active:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    scaler = make_scaler(dev, dtype)
-    graphed = GraphedStep(model, loss_fn, dtype, scaler, channels_last) if args.cuda_graph else None
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    return model, net, loss_fn, opt, ModelEMA(model) if ctx.main else None, scaler, graphed
+    opts = StepOptions(dtype, channels_last, ctx.world, 10.0, args.cuda_graph)
+    step = TrainStep(model, net, loss_fn, opt, make_scaler(dev, dtype), ModelEMA(model) if ctx.main else None, opts)
+    return model, step
 
 
 def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: str) -> dict:
@@ -127,7 +154,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     dtype = AMP_DTYPES[amp]
     channels_last = args.channels_last and dev.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    model, net, loss_fn, opt, ema, scaler, graphed = _build(args, len(ds.names), ctx, dtype, channels_last)
+    model, train_step = _build(args, len(ds.names), ctx, dtype, channels_last)
     loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
     it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)
@@ -139,11 +166,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         tw = time.perf_counter()
         imgs, _, targets, _, _ = next(it)
         wait += time.perf_counter() - tw
-        if graphed is not None:
-            graphed(imgs, targets)
-        else:
-            forward_backward(net, imgs, targets, loss_fn, dtype, scaler, channels_last, ctx.world)
-        optimizer_step(model, opt, scaler, ema, 10.0, keep_grads=graphed is not None)
+        train_step.micro(imgs, targets)
+        train_step.step()
 
     t_warm = time.perf_counter()
     for _ in range(args.warmup):
@@ -171,8 +195,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "cudnn_benchmark": args.cudnn_benchmark,
         "steps": args.steps,
         "gpus": ctx.world,
-        "cuda_graph": graphed is not None,
-        "graph_captures": graphed.captures if graphed is not None else 0,
+        "cuda_graph": train_step.graphs,
+        "graph_captures": train_step.captures,
         "images_per_s": round(ips, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,

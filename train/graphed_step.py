@@ -1,17 +1,32 @@
-"""A micro-batch's forward, loss and backward captured once as a CUDA graph and replayed for every later batch of
-the same shape: one launch instead of thousands, for the small batches whose step is bound by the host launching
-kernels. The unscale, clip, optimizer step and EMA stay eager: fused and foreach kernels, a few launches each.
+"""The training step as CUDA graphs: a micro-batch's forward, loss and backward (`GraphedStep`) and the optimizer
+step (`GraphedOptimizerStep`: unscale, clip, fused SGD/AdamW, scaler update, EMA, zeroing) are each captured once
+and replayed, one launch instead of thousands, for the small batches whose step is bound by the host launching
+kernels.
 
 Gradients are static tensors that the captured backward accumulates into, so the optimizer must zero them in place
-(`optimizer_step(..., keep_grads=True)`) instead of dropping them."""
+(`optimizer_step(..., keep_grads=True)`) instead of dropping them. Captures run in thread-local capture mode: the
+data loader's pin-memory thread allocates and queries pinned host memory while the main thread captures, which
+the default (global) mode counts as an error and which invalidates the capture."""
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from train.ema import ModelEMA
 from train.loss import DetectionLoss
-from train.step import forward_backward
+from train.step import forward_backward, optimizer_step
+
+CAPTURE_MODE = "thread_local"
+
+
+def graphs_possible(device: torch.device) -> bool:
+    """Captured steps need one CUDA GPU: under torchrun, DDP's gradient all-reduce runs in autograd hooks on its
+    own streams and buckets, which a capture does not take, so multi-GPU runs stay eager."""
+    return device.type == "cuda" and not torch.distributed.is_initialized()
 
 
 class GraphedStep:
@@ -32,8 +47,7 @@ class GraphedStep:
         self.model, self.loss_fn, self.amp_dtype, self.scaler = model, loss_fn, amp_dtype, scaler
         self.channels_last, self.warmup = channels_last, warmup
         self.device = next(model.parameters()).device
-        # under torchrun the step runs through DDP, whose all-reduce hooks a capture does not take
-        if self.device.type != "cuda" or torch.distributed.is_initialized():
+        if not graphs_possible(self.device):
             raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
         self.graph: torch.cuda.CUDAGraph | None = None
         self.imgs: torch.Tensor | None = None
@@ -41,9 +55,11 @@ class GraphedStep:
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
         self.eager_calls = 0  # of the captured shape, before the capture
         self.captures = 0
+        self.side = torch.cuda.Stream(self.device)  # one stream for every warm-up step (autograd expects so)
+        self.eager_only = False  # set when a capture ran out of memory
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor):
-        if self.imgs is not None and imgs.shape != self.imgs.shape:
+        if self.eager_only or (self.imgs is not None and imgs.shape != self.imgs.shape):
             return self._eager(imgs, targets)  # e.g. an epoch's short last batch
         n = targets.shape[1]
         if self.targets is None or n > self.targets.shape[1]:
@@ -55,7 +71,8 @@ class GraphedStep:
             if self.eager_calls < self.warmup:
                 self.eager_calls += 1
                 return self._side_stream()
-            self._capture()
+            if not self._capture():
+                return self._eager(imgs, targets)
         self.graph.replay()
         return self.out
 
@@ -70,23 +87,35 @@ class GraphedStep:
 
     def _side_stream(self):
         """An eager step on a side stream, as capture requires of the steps before it."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.side):
             out = self._step()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(self.side)
         return out
 
-    def _capture(self) -> None:
+    def _capture(self) -> bool:
+        """Capture the step; False (and eager from then on) when the graph does not fit in GPU memory."""
         # gradients must exist before the capture so that the captured backward accumulates into them
         for p in self.model.parameters():
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+        # the warm-up steps' activations stay cached in the ordinary pool; released, the graph's own pool can take
+        # that memory instead of holding a second copy beside it
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.out = self._step()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode=CAPTURE_MODE):
+                self.out = self._step()
+        except torch.OutOfMemoryError:
+            del graph
+            self.graph, self.out, self.eager_only = None, None, True
+            torch.cuda.empty_cache()
+            print("note: the captured training step does not fit in GPU memory at this batch; training eagerly")
+            return False
         self.graph = graph
         self.captures += 1
+        return True
 
     def _eager(self, imgs: torch.Tensor, targets: torch.Tensor, autocast_cache: bool = True):
         return forward_backward(
@@ -99,3 +128,114 @@ class GraphedStep:
             self.channels_last,
             autocast_cache=autocast_cache,
         )
+
+
+class GraphedOptimizerStep:
+    """`optimizer_step(..., keep_grads=True)` captured once and replayed. What the capture freezes is checked at
+    every call: momentum, betas and weight decay (the warm-up ramps momentum, so warm-up steps run eagerly and the
+    capture follows once they are constant); the learning rates live in device tensors refilled from the groups'
+    floats when they change, so the LR schedule and the checkpointed optimizer state stay as they are eagerly. The
+    scaler's scale and the EMA's update count are device tensors that the graph updates in place.
+
+    Call like `optimizer_step`; returns the skipped-step flag, a static tensor that the next call overwrites."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler, ema: ModelEMA | None, clip: float):
+        self.model, self.optimizer, self.scaler, self.ema, self.clip = model, optimizer, scaler, ema, clip
+        self.device = next(model.parameters()).device
+        if not graphs_possible(self.device):
+            raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.frozen: tuple | None = None
+        self.lrs = [torch.zeros((), device=self.device) for _ in optimizer.param_groups]
+        self.lr_values: list[float | None] = [None] * len(self.lrs)
+        self.out: torch.Tensor | None = None
+        self.captures = 0
+
+    def _hyper(self) -> tuple:
+        return tuple((g.get("momentum"), g.get("betas"), g["weight_decay"]) for g in self.optimizer.param_groups)
+
+    def __call__(self) -> torch.Tensor:
+        hyper = self._hyper()
+        if hyper != self.frozen:  # the warm-up's momentum ramp, or the first call: eager until it holds still
+            self.frozen, self.graph = hyper, None
+            return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.clip, keep_grads=True)
+        for i, g in enumerate(self.optimizer.param_groups):
+            if g["lr"] != self.lr_values[i]:
+                self.lrs[i].fill_(g["lr"])
+                self.lr_values[i] = g["lr"]
+        if self.graph is None:
+            self._capture()
+        else:
+            self.graph.replay()
+        if self.ema is not None:
+            self.ema.updates += 1  # the host's count; the graph advanced the device's
+        return self.out
+
+    def _capture(self) -> None:
+        """Capturing runs the step once: its first replay is the capture itself."""
+        floats = [g["lr"] for g in self.optimizer.param_groups]
+        for g, t in zip(self.optimizer.param_groups, self.lrs):
+            g["lr"] = t
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode=CAPTURE_MODE):
+                self.out = optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.clip, True)
+        finally:
+            for g, f in zip(self.optimizer.param_groups, floats):
+                g["lr"] = f
+        if self.ema is not None:
+            self.ema.updates -= 1  # counted again by __call__
+        graph.replay()
+        self.graph = graph
+        self.captures += 1
+
+
+@dataclass
+class StepOptions:
+    """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
+    undone by scaling the loss), the clip norm, and CUDA graphs (taken where `graphs_possible`)."""
+
+    amp_dtype: torch.dtype | None = None
+    channels_last: bool = True
+    world: int = 1
+    clip: float = 10.0
+    cuda_graph: bool = True
+
+
+class TrainStep:
+    """One micro-batch (`micro`) and one optimizer step (`step`), captured or eager: what the trainer, `bench
+    train` and their tests run. `net` is the model or its DDP wrapper; accumulation micro-batches of a DDP run skip
+    the gradient all-reduce (`sync=False`)."""
+
+    def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
+        self.model, self.net, self.loss_fn, self.optimizer = model, net, loss_fn, optimizer
+        self.scaler, self.ema, self.opts = scaler, ema, opts
+        self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop captured graphs (after the gradients were dropped, e.g. when the batch was halved)."""
+        self.graphed, self.graphed_opt = None, None
+        if self.graphs:
+            o = self.opts
+            self.graphed = GraphedStep(self.model, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last)
+            self.graphed_opt = GraphedOptimizerStep(self.model, self.optimizer, self.scaler, self.ema, o.clip)
+
+    @property
+    def captures(self) -> int:
+        return self.graphed.captures + self.graphed_opt.captures if self.graphs else 0
+
+    def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
+        if self.graphed is not None:
+            return self.graphed(imgs, targets)
+        ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
+        with self.net.no_sync() if ddp_local else contextlib.nullcontext():
+            o = self.opts
+            return forward_backward(
+                self.net, imgs, targets, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last, o.world
+            )
+
+    def step(self) -> torch.Tensor:
+        if self.graphed_opt is not None:
+            return self.graphed_opt()
+        return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)

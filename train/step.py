@@ -53,7 +53,9 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
     if name == "SGD":
         opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, fused=True)
     elif name == "AdamW":
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=True)
+        # capturable keeps the step count on the device: no host sync, and a CUDA graph may capture the step
+        cuda = next(model.parameters()).is_cuda
+        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=True, capturable=cuda)
     else:
         raise ValueError(f"--optimizer {name}: choose SGD or AdamW")
     opt.add_param_group({"params": weights, "weight_decay": decay})
@@ -107,7 +109,7 @@ def forward_backward(
     # on the device instead of the host testing the loss
     factor = torch.where(torch.isfinite(loss), float(world), torch.nan)
     scaler.scale(loss * factor).backward()
-    return loss, items
+    return loss.detach(), items  # detached: a kept autograd graph would tie the next backward to this one
 
 
 def optimizer_step(

@@ -5,7 +5,6 @@ no step waits for the host (non-finite steps are skipped on the device, train/st
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
@@ -26,10 +25,10 @@ from train.data.dataset import DetectionDataset, build_loader
 from train.data.formats import load_split, resolve_data
 from train.ema import ModelEMA
 from train.gpu_monitor import GpuMonitor
-from train.graphed_step import GraphedStep
+from train.graphed_step import StepOptions, TrainStep
 from train.loss import DetectionLoss
 from train.run_log import RunLog
-from train.step import amp_dtype, build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
+from train.step import amp_dtype, build_optimizer, forward_backward, load_optimizer_state, make_scaler
 from train.validate import evaluate, format_table
 
 
@@ -64,7 +63,7 @@ class TrainConfig:
     channels_last: bool = True
     cudnn_benchmark: bool = True
     sync_bn: bool = False
-    cuda_graph: bool = False
+    cuda_graph: bool = True
     hyp: dict = field(default_factory=dict)
 
 
@@ -250,9 +249,10 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.scaler = make_scaler(self.device, self.amp_dtype)
         self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
-        self.graphed = None
-        if cfg.cuda_graph:
-            self.graphed = GraphedStep(self.model, self.loss_fn, self.amp_dtype, self.scaler, cfg.channels_last)
+        opts = StepOptions(self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph)
+        self.step = TrainStep(self.model, self.net, self.loss_fn, self.optimizer, self.scaler, self.ema, opts)
+        if cfg.cuda_graph and self.dist.active and self.main:
+            print("note: a multi-GPU run trains eagerly (CUDA graphs need one GPU; see --help)")
         self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
         self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
         if self.resume_state is None:
@@ -347,12 +347,12 @@ class Trainer:
 
     def train_one_epoch(self, epoch: int, batches, nb: int, monitor: GpuMonitor) -> dict:
         """nb batches from the run's batch iterator; returns the epoch's log row (mean losses, rates)."""
-        cfg, hyp, model, d = self.cfg, self.hyp, self.model, self.dist
-        model.train()
+        cfg, hyp, d = self.cfg, self.hyp, self.dist
+        self.model.train()
         nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
         accumulate = self._accumulate()
         mloss = torch.zeros(3, device=self.device)
-        self.optimizer.zero_grad(set_to_none=self.graphed is None)  # a captured backward owns the gradients
+        self.optimizer.zero_grad(set_to_none=not self.step.graphs)  # a captured backward owns the gradients
         bad_losses = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, after the epoch
         t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
         bar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True, disable=not self.main)
@@ -366,26 +366,13 @@ class Trainer:
                     target = cfg.accumulate or cfg.nbs / self.batch
                     accumulate = warmup(self.optimizer, ni, nw, self.lf(epoch), hyp, target)
                 step = ni - self.last_opt_step >= accumulate
-                if self.graphed is not None:  # LR, momentum and accumulation live in the eager optimizer step
-                    loss, items = self.graphed(imgs, targets)
-                else:  # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
-                    with self.net.no_sync() if d.active and not step else contextlib.nullcontext():
-                        loss, items = forward_backward(
-                            self.net,
-                            imgs,
-                            targets,
-                            self.loss_fn,
-                            self.amp_dtype,
-                            self.scaler,
-                            cfg.channels_last,
-                            d.world,
-                        )
+                # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
+                loss, items = self.step.micro(imgs, targets, sync=step)
                 bad_losses += ~torch.isfinite(loss)
                 mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
                 seen += imgs.shape[0] * d.world
                 if step:
-                    keep = self.graphed is not None
-                    self.skipped += optimizer_step(model, self.optimizer, self.scaler, self.ema, cfg.clip, keep)
+                    self.skipped += self.step.step()
                     self.last_opt_step = ni
                 if self.main and (i % 10 == 0 or i == nb - 1):
                     el = time.perf_counter() - t_epoch
@@ -414,8 +401,7 @@ class Trainer:
     def _halve_batch(self, epoch: int):
         """After CUDA ran out of memory: the same epoch again at half the batch (a captured graph is dropped)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.graphed is not None:
-            self.graphed = GraphedStep(self.model, self.loss_fn, self.amp_dtype, self.scaler, self.cfg.channels_last)
+        self.step.reset()
         torch.cuda.empty_cache()
         if self.batch == 1:
             raise torch.OutOfMemoryError("CUDA out of memory at batch 1")

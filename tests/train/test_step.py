@@ -175,3 +175,90 @@ def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
     assert graphed.captures == 2
     for pa, pb in zip(eager.parameters(), graph_model.parameters()):
         torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Whole batches of random uint8 images and padded targets, `boxes[i]` per image in batch i (seeded by
+    offset + i); the last is short if `short_last`. Served by a loader with workers and pinned memory, as in
+    training: its pin thread works while the main thread captures."""
+
+    def __init__(self, batch: int, boxes: list[int], offset: int = 0, short_last: bool = True, img: int = 96):
+        self.batch, self.boxes, self.offset, self.short_last, self.img = batch, boxes, offset, short_last, img
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.offset + i)
+        b = max(1, self.batch // 2) if self.short_last and i == len(self.boxes) - 1 else self.batch
+        imgs = torch.randint(0, 256, (b, 3, self.img, self.img), dtype=torch.uint8, generator=g)
+        n = self.boxes[i]
+        xywh = torch.rand(b, n, 4, generator=g) * 0.4 + 0.2
+        cls = torch.randint(0, 3, (b, n, 1), generator=g).float()
+        return imgs, torch.cat((cls, xywh), -1)
+
+
+def _train_steps(cfg: str, amp, graphs: bool, data: _Batches, start: dict | None = None, lr_drop_at: int = 4):
+    """Micro-batches from a pinning loader, an optimizer step every second one, the LR halved at global batch
+    `lr_drop_at` (as the schedule changes it); returns the losses, the model, the EMA, the step and the state a
+    checkpoint would save."""
+    from core.model import DetectionModel
+    from train.graphed_step import StepOptions, TrainStep
+    from train.loss import DetectionLoss
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = DetectionModel(cfg, nc=3).to(dev).train().to(memory_format=torch.channels_last)
+    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    scaler, ema = make_scaler(dev, amp), ModelEMA(model)
+    if start is not None:
+        model.load_state_dict(start["model"])
+        load_optimizer_state(opt, start["optimizer"])
+        scaler.load_state_dict(start["scaler"])
+        ema.load_state_dict(start["ema"])
+    opts = StepOptions(amp, cuda_graph=graphs)
+    step = TrainStep(model, model, DetectionLoss.for_model(model), opt, scaler, ema, opts)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, pin_memory=True)
+    losses = []
+    for i, (imgs, targets) in enumerate(loader):
+        if data.offset + i == lr_drop_at:
+            for g in opt.param_groups:
+                g["lr"] *= 0.5
+        losses.append(step.micro(imgs, targets)[1].clone())
+        if (data.offset + i + 1) % 2 == 0:
+            step.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict()}
+    state["ema"] = ema.state_dict()
+    return torch.stack(losses), model, ema, step, copy.deepcopy(state)
+
+
+# boxes per image in each batch: none, a few, more than the first captured buffer holds (a second capture)
+_PLAN = [3, 3, 0, 5, 300, 300, 2, 7, 1]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])
+@pytest.mark.parametrize("batch", [8, 16, 64, 128])
+def test_captured_step_trains_like_the_eager_step_beside_a_pinning_loader(cfg, batch, deterministic_cudnn):
+    want, eager, eager_ema, _, _ = _train_steps(cfg, None, False, _Batches(batch, _PLAN))
+    got, graphed, graphed_ema, step, _ = _train_steps(cfg, None, True, _Batches(batch, _PLAN))
+    assert step.graphed.captures == 2 and step.graphed_opt.captures == 1  # 300 boxes re-capture; LR needs none
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for a, b in zip(graphed.state_dict().values(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(graphed_ema.ema.state_dict().values(), eager_ema.ema.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert graphed_ema.updates == eager_ema.updates == len(_PLAN) // 2
+
+
+@needs_cuda
+@pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_captured_step_resumes_exactly(amp, deterministic_cudnn):
+    """Ten graphed batches equal six, saved, loaded into a new model, optimizer, scaler and EMA, and four more
+    (the continuation captures afresh)."""
+    plan = [3, 3, 0, 5, 300, 2, 7, 1, 4, 6]
+    full, *_ = _train_steps("gelan-t", amp, True, _Batches(16, plan, short_last=False))
+    first, *_, state = _train_steps("gelan-t", amp, True, _Batches(16, plan[:6], short_last=False))
+    rest, *_ = _train_steps("gelan-t", amp, True, _Batches(16, plan[6:], offset=6, short_last=False), start=state)
+    assert torch.isfinite(full).all()
+    torch.testing.assert_close(torch.cat((first, rest)), full, rtol=1e-4, atol=1e-5)

@@ -191,9 +191,15 @@ def test_every_help_names_each_default_once():
     assert "(default: yolov9-s)" in out and out.count("(default: 640)") == 1
 
 
-def test_cuda_graph_on_the_cpu_is_one_clear_error(subset, tmp_path):
+def test_cuda_graphs_are_the_default_and_the_cpu_trains_eagerly(subset, tmp_path):
+    from train.graphed_step import GraphedStep
+
+    trainer = Trainer(_cfg(subset, tmp_path, epochs=1))
+    assert trainer.cfg.cuda_graph
+    trainer.fit()
+    assert not trainer.step.graphs and trainer.step.captures == 0
     with pytest.raises(ValueError, match="--cuda-graph needs one CUDA GPU"):
-        Trainer(_cfg(subset, tmp_path, epochs=1, cuda_graph=True)).fit()
+        GraphedStep(trainer.model, trainer.loss_fn, None, trainer.scaler)
 
 
 def test_dual_head_model_trains_and_validates(subset, tmp_path):
