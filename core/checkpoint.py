@@ -7,21 +7,29 @@ data holders; any other global (os.system, builtins.eval, ...) is refused with a
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from core.model import DetectionModel, load_cfg, zoo_names
+from yolov9.core.errors import BadInput, Unavailable
+from yolov9.core.model import DetectionModel, load_cfg, zoo_names
 
 FORMAT = "yolov9-trt"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadInput):
     """A checkpoint that cannot be read; the message is one line that names the file and the cause."""
+
+
+class CheckpointWriteError(Unavailable):
+    """A checkpoint that could not be written (full disk, no permission, file size limit)."""
 
 
 class _Holder:
@@ -161,17 +169,67 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Detect
     return model
 
 
-def save_checkpoint(path: str | Path, model: DetectionModel, meta: dict | None = None, **extra: Any) -> Path:
-    """Write this project's format; `extra` holds training state (optimizer, EMA, RNG, ...) for --resume."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+def checkpoint_object(model: DetectionModel, meta: dict | None = None, **extra: Any) -> dict:
+    """What `save_checkpoint` writes: the model's tensors copied to the CPU, its config, names and meta, and
+    `extra` (training state for --resume). A copy: training may go on changing the model while it is written."""
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     obj = _ours(model.cfg, state, model.names, meta)
     obj.update(extra)
+    return obj
+
+
+def write_checkpoint(path: str | Path, obj: dict) -> Path:
+    """Write atomically: into `path.tmp`, flushed and fsynced, then renamed over `path`, so a crash or a full
+    disk leaves the previous file intact. A failed write removes its partial file and says which file and why."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)  # never leave a half-written checkpoint behind
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        need, free = _tensor_bytes(obj), shutil.disk_usage(path.parent).free
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or free < need:
+            why = f"no space left on the device (it needs about {need / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free)"
+        elif _file_size_limit() < need:
+            why = (
+                f"the process's file size limit (ulimit -f) is {_file_size_limit() / 2**20:.0f} MiB and it needs "
+                f"about {need / 2**20:.0f} MiB"
+            )
+        elif isinstance(e, OSError) and e.errno:
+            why = os.strerror(e.errno)
+        else:
+            why = str(e).strip().splitlines()[0]
+        raise CheckpointWriteError(f"could not write {path}: {why}; the previous {path.name} is unchanged") from None
     return path
+
+
+def _file_size_limit() -> float:
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return float("inf")
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return float("inf") if soft == resource.RLIM_INFINITY else float(soft)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def save_checkpoint(path: str | Path, model: DetectionModel, meta: dict | None = None, **extra: Any) -> Path:
+    """Write this project's format; `extra` holds training state (optimizer, EMA, RNG, ...) for --resume."""
+    return write_checkpoint(path, checkpoint_object(model, meta, **extra))
 
 
 def convert(src: str | Path, dst: str | Path) -> Path:

@@ -29,18 +29,25 @@ _PALETTE = [
 ]
 
 
-def draw_detections(image: Image.Image | np.ndarray, dets: list[dict]) -> Image.Image:
-    """dets: the JSON form (box, score, class_id, class_name)."""
+def score_text(score: float) -> str:
+    """A score to two significant digits (0.87, 0.0012), as drawn on images."""
+    return f"{score:.2g}"
+
+
+def draw_detections(image: Image.Image | np.ndarray, dets: list[dict], label: bool = True) -> Image.Image:
+    """dets: the JSON form (box, class_id, class_name, and score unless they are labels)."""
     img = Image.fromarray(image) if isinstance(image, np.ndarray) else image.convert("RGB")
     d = ImageDraw.Draw(img)
     for det in dets:
         color = _PALETTE[det["class_id"] % len(_PALETTE)]
         x1, y1, x2, y2 = det["box"]
         d.rectangle((x1, y1, x2, y2), outline=color, width=max(2, round(min(img.size) / 300)))
-        label = f"{det['class_name']} {det['score']:.2f}"
-        tw = d.textlength(label)
+        if not label:
+            continue
+        label_text = det["class_name"] + (f" {score_text(det['score'])}" if det.get("score") is not None else "")
+        tw = d.textlength(label_text)
         d.rectangle((x1, max(0, y1 - 12), x1 + tw + 4, max(12, y1)), fill=color)
-        d.text((x1 + 2, max(0, y1 - 12)), label, fill=(255, 255, 255))
+        d.text((x1 + 2, max(0, y1 - 12)), label_text, fill=(255, 255, 255))
     return img
 
 

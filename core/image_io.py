@@ -10,10 +10,12 @@ from typing import Protocol
 
 from PIL import Image
 
+from yolov9.core.errors import BadInput
+
 MAX_PIXELS = 64_000_000  # decompression-bomb guard: refuse images that declare more pixels than this
 
 
-class ImageError(ValueError):
+class ImageError(BadInput):
     """An input that is not a decodable image; the message is one line."""
 
 

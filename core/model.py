@@ -7,10 +7,11 @@ import copy
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
-from core.modules import MODULES, Conv, Detect, RepConvN, make_divisible
+from yolov9.core.errors import BadInput, MissingInput
+from yolov9.core.modules import MODULES, Conv, Detect, RepConvN, make_divisible
+from yolov9.core.yaml_io import read_yaml
 
 CFG_DIR = Path(__file__).parent / "cfg"
 # Layers whose first argument is the output width (input width is inserted in front, as officially).
@@ -29,8 +30,10 @@ def load_cfg(cfg: str | Path | dict) -> dict:
     if not path.suffix and (CFG_DIR / f"{cfg}.yaml").exists():
         path = CFG_DIR / f"{cfg}.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"no model config '{cfg}': give a YAML path or one of {', '.join(zoo_names())}")
-    d = yaml.safe_load(path.read_text())
+        raise MissingInput(f"no model config '{cfg}': give a YAML path or one of {', '.join(zoo_names())}")
+    d = read_yaml(path)
+    if not isinstance(d, dict) or "backbone" not in d or "head" not in d:
+        raise BadInput(f"{path}: a model config is a mapping with backbone: and head: layer lists")
     d.setdefault("name", path.stem)
     return d
 
@@ -65,7 +68,7 @@ def parse_layers(d: dict, ch: int = 3) -> tuple[nn.Sequential, list[int]]:
     layers, save = [], []
     for i, (f, n, name, args) in enumerate(d["backbone"] + d["head"]):
         if name not in MODULES:
-            raise ValueError(f"layer {i}: unknown module '{name}' (known: {', '.join(sorted(MODULES))})")
+            raise BadInput(f"layer {i}: unknown module '{name}' (known: {', '.join(sorted(MODULES))})")
         m = MODULES[name]
         args = [_eval_arg(a, nc) for a in args]
         n = max(round(n * gd), 1) if n > 1 else n
@@ -153,7 +156,7 @@ class DetectionModel(nn.Module):
         spec = self.cfg.get("reparam") or zoo_reparam(self.cfg)
         if spec is None:
             if self.head.groups > 1:
-                raise ValueError(
+                raise BadInput(
                     "this multi-head model has no 'reparam' mapping in its config and matches no zoo "
                     "model; add one to its YAML"
                 )

@@ -6,6 +6,7 @@ line up with official checkpoints; every block that holds a BatchNorm can fold i
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import fuse_conv_bn_eval
 
-from core.boxes import dist2bbox, make_anchors
+from yolov9.core.boxes import dist2bbox, make_anchors
 
 BN_EPS = 1e-3  # the official trainer's BatchNorm settings; checkpoints depend on eps
 BN_MOMENTUM = 0.03
@@ -89,6 +90,19 @@ class _ShiftAvgPool2x2(torch.autograd.Function):
         g = F.pad(g, (1, 1, 1, 1))
         rows = g[..., :-1, :] + g[..., 1:, :]
         return (rows[..., :-1] + rows[..., 1:]).mul_(0.25)
+
+
+@contextlib.contextmanager
+def raw_outputs(model: nn.Module):
+    """Inside: the model's head returns its raw maps in eval mode too (BatchNorm still in eval)."""
+    heads = [m for m in model.modules() if isinstance(m, Detect)]
+    for h in heads:
+        h.raw = True
+    try:
+        yield
+    finally:
+        for h in heads:
+            h.raw = False
 
 
 def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
@@ -261,8 +275,11 @@ class Detect(nn.Module):
     One group is GELAN's single head; two groups are YOLOv9's auxiliary (first) and main (last) heads. Group g
     owns `cv{2+2g}` (box branches), `cv{3+2g}` (class branches) and `dfl` / `dfl{g+1}`, the official names.
     Training mode returns the raw maps (a list of levels, or a list of such lists for several groups); eval mode
-    returns decoded (batch, 4 + nc, anchors) tensors with xywh boxes in input pixels and sigmoid scores.
+    returns decoded (batch, 4 + nc, anchors) tensors with xywh boxes in input pixels and sigmoid scores, or the raw
+    maps too inside `raw_outputs(model)` (validation computes its loss from them and decodes them with `decode_all`).
     """
+
+    raw = False
 
     def __init__(self, nc: int, ch: list[int], nl: int = 3, reg_max: int = 16):
         super().__init__()
@@ -306,9 +323,13 @@ class Detect(nn.Module):
             box, cls, _ = self.branches(g)
             feats = x[g * self.nl : (g + 1) * self.nl]
             raw.append([torch.cat((box[i](f), cls[i](f)), 1) for i, f in enumerate(feats)])
-        if self.training:
-            return raw[0] if self.groups == 1 else raw
-        out = [self.decode(r, self.branches(g)[2]) for g, r in enumerate(raw)]
+        raw = raw[0] if self.groups == 1 else raw
+        return raw if self.training or self.raw else self.decode_all(raw)
+
+    def decode_all(self, raw) -> torch.Tensor | list[torch.Tensor]:
+        """Raw maps (as training mode returns them) -> what eval mode returns."""
+        groups = [raw] if self.groups == 1 else raw
+        out = [self.decode(r, self.branches(g)[2]) for g, r in enumerate(groups)]
         return out[0] if self.groups == 1 else out
 
     def decode(self, feats: list[torch.Tensor], dfl: DFL) -> torch.Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding core/, train/, export/, serve/
+# the folder that holds the `yolov9` package: the checkout (the stages beside yolov9/) or site-packages (inside it)
+PACKAGE_ROOT = next(p for p in Path(__file__).resolve().parents if (p / "yolov9" / "__init__.py").is_file())
 ASSETS = Path(__file__).resolve().parent / "assets"
 SAMPLE_IMAGES = ASSETS / "images"
 SHIPPED_DATASETS = ASSETS / "datasets"  # the last of the dataset roots: named datasets that always exist

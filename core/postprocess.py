@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torchvision
 
-from core.boxes import scale_boxes_back, xywh2xyxy
-from core.preprocess import LetterboxMeta
+from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
+from yolov9.core.preprocess import LetterboxMeta
 
 Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
 

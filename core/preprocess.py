@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import torchvision
 from PIL import Image
 
-from core.boxes import letterbox_params
-from core.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size  # noqa: F401 (defined there)
+from yolov9.core.boxes import letterbox_params
+from yolov9.core.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size  # noqa: F401 (defined there)
 
 PAD_VALUE = 114
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from core.checkpoint import weights_source
-from core.model import DetectionModel
-from export.metadata import EngineMeta
+from yolov9.core.checkpoint import weights_source
+from yolov9.core.errors import BadInput, Unavailable
+from yolov9.core.model import DetectionModel
+from yolov9.export.metadata import EngineMeta
 
 # Inductor options for CUDA packages (docs/benchmarks.md). Dynamic batch makes Inductor skip
 # its channels-last choice for convolutions (it only decides it on static shapes), and NCHW fp16 convolutions are
@@ -36,7 +37,7 @@ def export_aoti(
     inductor_configs: dict | None = None,
 ) -> Path:
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise Unavailable(
             "AOTInductor export for CUDA needs a CUDA GPU on this machine (use --device cpu for a CPU package)"
         )
     out = Path(out)
@@ -146,18 +147,18 @@ class AOTIEngine:
 
     def __init__(self, path: Path, device: str | torch.device = "cuda"):
         if not zipfile.is_zipfile(path):
-            raise ValueError(f"{path} is not an AOTInductor package (not a zip archive)")
+            raise BadInput(f"{path} is not an AOTInductor package (not a zip archive)")
         self.meta = EngineMeta.read(path)
         self.names, self.img_size = self.meta.names, self.meta.img_size
         self.dtype = getattr(torch, self.meta.dtype)
         self.device = torch.device(self.meta.device if self.meta.device != "cuda" else str(device))
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"{path} was compiled for CUDA and this machine has no CUDA GPU")
+            raise Unavailable(f"{path} was compiled for CUDA and this machine has no CUDA GPU")
         if self.device.type == "cuda":  # the package's convolutions call cuDNN through ATen: time algorithms once
             torch.backends.cudnn.benchmark = True
         loader = os.environ.get("YOLOV9_AOTI_LOADER", "runner")
         if loader not in ("package", "runner"):
-            raise ValueError(f"YOLOV9_AOTI_LOADER must be 'runner' or 'package', not {loader!r}")
+            raise BadInput(f"YOLOV9_AOTI_LOADER must be 'runner' or 'package', not {loader!r}")
         # single-threaded: no cross-thread synchronisation inside the model, which CUDA-graph capture requires
         if loader == "runner":
             self.runner = aoti_runner(path, self.device)
@@ -180,10 +181,10 @@ def aoti_runner(path: Path, device: torch.device):
         with zipfile.ZipFile(path) as z:
             z.extractall(tmp)  # zipfile drops absolute paths and '..' members
     except zipfile.BadZipFile as e:
-        raise ValueError(f"{path} is not an AOTInductor package ({e})") from None
+        raise BadInput(f"{path} is not an AOTInductor package ({e})") from None
     libs = sorted(tmp.rglob("*.wrapper.so"))
     if len(libs) != 1:
-        raise ValueError(f"{path}: expected one compiled model in the package, found {len(libs)}")
+        raise BadInput(f"{path}: expected one compiled model in the package, found {len(libs)}")
     so = str(libs[0])
     if device.type == "cuda":
         runner = torch._C._aoti.AOTIModelContainerRunnerCuda(so, 1, str(device), str(libs[0].parent), True)

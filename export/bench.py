@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from core.checkpoint import load_model
-from export.aoti import AOTIEngine
-from export.cuda_graph import CudaGraphEngine
-from export.onnx_export import OnnxEngine
-from export.torch_engine import TorchEngine
+from yolov9.core.checkpoint import load_model
+from yolov9.core.errors import BadInput, Unavailable
+from yolov9.export.aoti import AOTIEngine
+from yolov9.export.cuda_graph import CudaGraphEngine
+from yolov9.export.onnx_export import OnnxEngine
+from yolov9.export.torch_engine import TorchEngine
 
 
 def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int, built: dict):
@@ -27,15 +28,15 @@ def _build(kind: str, weights: str, img: int, workdir: Path, max_batch: int, bui
 def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int):
     cuda = torch.cuda.is_available()
     if base == "onnx-cpu":
-        from export.onnx_export import export_onnx
+        from yolov9.export.onnx_export import export_onnx
 
         return OnnxEngine(export_onnx(weights, workdir / "bench.onnx", img=img))
     if not cuda:
-        raise RuntimeError("needs a CUDA GPU")
+        raise Unavailable("needs a CUDA GPU")
     if base in ("torch-fp32", "torch-fp16"):
         eng = TorchEngine(load_model(weights), "cuda", half=base == "torch-fp16", img_size=img)
     elif base == "aoti-fp16":
-        from export.aoti import export_aoti
+        from yolov9.export.aoti import export_aoti
 
         pt2 = (
             Path(weights)
@@ -44,14 +45,14 @@ def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int
         )
         eng = AOTIEngine(pt2)
     elif base == "trt-fp16":
-        from export.onnx_export import export_onnx
-        from export.tensorrt import TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx
+        from yolov9.export.onnx_export import export_onnx
+        from yolov9.export.tensorrt import TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx
 
         import_tensorrt()
         onnx = export_onnx(weights, workdir / "bench_trt.onnx", img=img, half=needs_fp16_onnx())
         eng = TensorRTEngine(build_engine(onnx, workdir / "bench.plan", 1, max_batch // 2, max_batch))
     else:
-        raise ValueError(f"unknown engine '{base}'")
+        raise BadInput(f"unknown engine '{base}'")
     return eng
 
 

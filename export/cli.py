@@ -8,7 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.paths import SAMPLE_IMAGES as SAMPLES
+from yolov9.core.errors import BadInput
+from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
 
 
 def _inductor_configs(pairs: list[str]) -> dict:
@@ -18,7 +19,7 @@ def _inductor_configs(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--inductor expects KEY=VALUE, got '{pair}'")
+            raise BadInput(f"--inductor expects KEY=VALUE, got '{pair}'")
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -33,11 +34,11 @@ def _default_out(weights: str, suffix: str) -> Path:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from export.engine import weights_meta
+    from yolov9.export.engine import weights_meta
 
     img = args.img or weights_meta(args.weights).img_size
     if args.format == "onnx":
-        from export.onnx_export import export_onnx
+        from yolov9.export.onnx_export import export_onnx
 
         out = export_onnx(
             args.weights,
@@ -52,7 +53,7 @@ def _export(args: argparse.Namespace) -> None:
         )
         _check_onnx(args.weights, out, img) if not args.end2end else None
     elif args.format == "aoti":
-        from export.aoti import export_aoti
+        from yolov9.export.aoti import export_aoti
 
         out = export_aoti(
             args.weights,
@@ -72,8 +73,8 @@ def _export(args: argparse.Namespace) -> None:
 
 def _map_delta(weights: str, engine_path: Path, data: str) -> None:
     """The exported engine's mAP against PyTorch fp32 on the same device, both in the deployment protocol."""
-    from export.engine import load_engine
-    from export.evaluate import DEPLOYMENT, load_val_split, score_engine
+    from yolov9.export.engine import load_engine
+    from yolov9.export.evaluate import DEPLOYMENT, load_val_split, score_engine
 
     engine = load_engine(engine_path)
     ref = load_engine(weights, device=str(engine.device), half=False, img_size=engine.img_size)
@@ -86,13 +87,13 @@ def _map_delta(weights: str, engine_path: Path, data: str) -> None:
 
 
 def _export_trt(args: argparse.Namespace, img: int) -> Path:
-    from export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
+    from yolov9.export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
 
     import_tensorrt()  # fail in one line, before any work, when TensorRT is missing
     src = Path(args.weights)
     out = Path(args.out or _default_out(args.weights, ".plan"))
     if src.suffix != ".onnx":
-        from export.onnx_export import export_onnx
+        from yolov9.export.onnx_export import export_onnx
 
         src = export_onnx(
             args.weights,
@@ -111,7 +112,7 @@ def _export_trt(args: argparse.Namespace, img: int) -> Path:
 
 
 def _sample_batch(img: int):
-    from core.preprocess import decode_image, prepare_batch, to_input
+    from yolov9.core.preprocess import decode_image, prepare_batch, to_input
 
     images = [decode_image(p) for p in sorted(SAMPLES.glob("*.jpg"))]
     batch, _ = prepare_batch(images, img)
@@ -120,9 +121,9 @@ def _sample_batch(img: int):
 
 def _check_onnx(weights: str, onnx_path: Path, img: int) -> None:
     """ONNX Runtime against PyTorch on the shipped sample images."""
-    from core.checkpoint import load_model
-    from export.onnx_export import OnnxEngine
-    from export.torch_engine import TorchEngine
+    from yolov9.core.checkpoint import load_model
+    from yolov9.export.onnx_export import OnnxEngine
+    from yolov9.export.torch_engine import TorchEngine
 
     x = _sample_batch(img)
     ref = TorchEngine(load_model(weights), "cpu")(x)
@@ -132,8 +133,8 @@ def _check_onnx(weights: str, onnx_path: Path, img: int) -> None:
 
 
 def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
-    from export.onnx_export import OnnxEngine
-    from export.tensorrt import TensorRTEngine
+    from yolov9.export.onnx_export import OnnxEngine
+    from yolov9.export.tensorrt import TensorRTEngine
 
     x = _sample_batch(img)
     ref = OnnxEngine(onnx_path)(x)
@@ -147,10 +148,10 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from core.draw import draw_detections
-    from core.postprocess import per_image, postprocess_flat
-    from core.preprocess import ImageError, decode_image, detections_to_json, prepare_batch, to_input
-    from export.engine import engine_spec, load_engine
+    from yolov9.core.draw import draw_detections
+    from yolov9.core.postprocess import per_image, postprocess_flat
+    from yolov9.core.preprocess import ImageError, decode_image, detections_to_json, prepare_batch, to_input
+    from yolov9.export.engine import engine_spec, load_engine
 
     engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img)
     print(f"engine {engine.kind} at {engine.img_size} px", file=sys.stderr)
@@ -182,7 +183,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _bench_engine(args: argparse.Namespace) -> None:
-    from export.bench import bench_engines
+    from yolov9.export.bench import bench_engines
 
     bench_engines(args)
 

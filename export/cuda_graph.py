@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from export.engine import Engine
+from yolov9.export.engine import Engine
 
 
 class CudaGraphEngine:

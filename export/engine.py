@@ -10,9 +10,11 @@ from typing import Protocol
 
 import torch
 
-from core.checkpoint import load_model, read_checkpoint
-from core.coco_names import COCO_NAMES
-from export.metadata import EngineMeta
+from yolov9.core.checkpoint import load_model, read_checkpoint
+from yolov9.core.coco_names import COCO_NAMES
+from yolov9.core.device import select_device
+from yolov9.core.errors import BadInput, MissingInput
+from yolov9.export.metadata import EngineMeta
 
 ENGINE_SUFFIXES = {".onnx": "onnx", ".pt2": "aoti", ".plan": "trt", ".engine": "trt"}
 DEFAULT_IMG = 640  # a zoo model or an official checkpoint that records no training size
@@ -28,12 +30,6 @@ class Engine(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def load_engine(
     spec: str | Path, device: str = "auto", half: bool | None = None, img_size: int | None = None
 ) -> Engine:
@@ -43,33 +39,33 @@ def load_engine(
     device 'auto' means CUDA when present. For a checkpoint, `spec` may also be 'auto:WEIGHTS', which picks the
     fastest engine on this machine: a sibling .plan (TensorRT present), a sibling .pt2 (CUDA), PyTorch fp16 on
     CUDA, else a sibling .onnx (ONNX Runtime), else PyTorch fp32 on the CPU."""
-    dev = resolve_device(device)
+    dev = select_device(device)
     spec = str(spec)
     if spec.startswith("auto:"):
         return load_engine(pick_fastest(Path(spec[5:]), dev), device, half, img_size)
     path = Path(spec)
     kind = ENGINE_SUFFIXES.get(path.suffix)
     if kind is not None and not path.is_file():
-        raise FileNotFoundError(f"{path}: no such engine file")
+        raise MissingInput(f"{path}: no such engine file")
     if kind == "onnx":
-        from export.onnx_export import OnnxEngine
+        from yolov9.export.onnx_export import OnnxEngine
 
         engine = OnnxEngine(path)
     elif kind == "aoti":
-        from export.aoti import AOTIEngine
+        from yolov9.export.aoti import AOTIEngine
 
         engine = AOTIEngine(path, dev)
     elif kind == "trt":
-        from export.tensorrt import TensorRTEngine
+        from yolov9.export.tensorrt import TensorRTEngine
 
         engine = TensorRTEngine(path)
     else:
-        from export.torch_engine import TorchEngine
+        from yolov9.export.torch_engine import TorchEngine
 
         size = img_size or weights_meta(spec).img_size
         return TorchEngine(load_model(spec), dev, half=dev.type == "cuda" if half is None else half, img_size=size)
     if img_size and img_size != engine.img_size:
-        raise ValueError(f"{path} was exported for {engine.img_size} px, not {img_size}: drop --img or export again")
+        raise BadInput(f"{path} was exported for {engine.img_size} px, not {img_size}: drop --img or export again")
     return engine
 
 
@@ -96,11 +92,11 @@ def engine_spec(engine: str | None, weights: str | None) -> str:
     """The --engine / WEIGHTS pair of val and predict as one load_engine() spec ('auto' picks the fastest)."""
     if engine == "auto":
         if not weights:
-            raise ValueError("--engine auto needs WEIGHTS to look for exported engines beside")
+            raise BadInput("--engine auto needs WEIGHTS to look for exported engines beside")
         return f"auto:{weights}"
     spec = engine or weights
     if not spec:
-        raise ValueError("give WEIGHTS or --engine")
+        raise BadInput("give WEIGHTS or --engine")
     return spec
 
 

@@ -10,8 +10,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from yolov9.core.errors import BadInput
 
-class MetadataError(ValueError):
+
+class MetadataError(BadInput):
     """An engine whose metadata is missing or unreadable; the message names the file."""
 
 

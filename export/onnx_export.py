@@ -1,7 +1,7 @@
 """ONNX export: the deployed (re-parameterized, fused) model with dynamic batch, in fp32 or fp16, as raw
 predictions (official layout) or end-to-end with the standard ONNX NonMaxSuppression inside the graph.
 
-Input `images`: float (B, 3, H, W), RGB, values in [0, 1], letterboxed with 114 padding (train/preprocess.py).
+Input `images`: float (B, 3, H, W), RGB, values in [0, 1], letterboxed with 114 padding (core/preprocess.py).
 Raw output `output0`: (B, 4 + nc, anchors), xywh boxes in input pixels and sigmoid scores.
 End-to-end outputs: `num_dets` (B, 1) int64, `det_boxes` (B, max_det, 4) xyxy, `det_scores` (B, max_det),
 `det_classes` (B, max_det) int64; rows past num_dets are zero."""
@@ -15,10 +15,11 @@ import torch
 import torchvision
 from torch import nn
 
-from core.boxes import xywh2xyxy
-from core.checkpoint import weights_source
-from core.model import DetectionModel
-from export.metadata import EngineMeta
+from yolov9.core.boxes import xywh2xyxy
+from yolov9.core.checkpoint import weights_source
+from yolov9.core.errors import BadInput
+from yolov9.core.model import DetectionModel
+from yolov9.export.metadata import EngineMeta
 
 OPSET = 17
 
@@ -55,8 +56,10 @@ class End2End(nn.Module):
         pred = self.model(x)  # (B, 4 + nc, A)
         boxes = xywh2xyxy(pred[:, :4].transpose(1, 2)).float()  # (B, A, 4)
         cls_scores = pred[:, 4:].float()  # (B, nc, A)
-        best = cls_scores.max(1, keepdim=True)[0]
-        scores = torch.where(cls_scores == best, cls_scores, torch.zeros_like(cls_scores))  # one class per anchor
+        best, idx = cls_scores.max(1, keepdim=True)
+        # exactly one class per anchor: a mask of scores equal to the best would keep every class of a tie, and the
+        # anchor would come out of NMS once per tied class
+        scores = torch.zeros_like(cls_scores).scatter(1, idx, best)
         sel = _NMS.apply(
             boxes, scores, torch.tensor([self.max_det]), torch.tensor([self.iou]), torch.tensor([self.conf])
         )
@@ -151,10 +154,10 @@ class OnnxEngine:
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime's errors are long; the first line names the cause
-            raise ValueError(f"{path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[0][:200]})") from None
+            raise BadInput(f"{path}: ONNX Runtime cannot load it ({str(e).strip().splitlines()[0][:200]})") from None
         self.meta = EngineMeta.from_props(self.session.get_modelmeta().custom_metadata_map, path)
         if self.meta.end2end and not allow_end2end:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: an end-to-end ONNX (NMS inside, fixed-size outputs) cannot be scored or post-processed "
                 f"here; export without --end2end for val, predict and serve"
             )

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from export.metadata import EngineMeta
+from yolov9.core.errors import Unavailable
+from yolov9.export.metadata import EngineMeta
 
 INSTALL_HINT = (
     "TensorRT is not installed: pip install tensorrt --extra-index-url https://pypi.nvidia.com "
@@ -24,7 +25,7 @@ def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise RuntimeError(INSTALL_HINT) from None
+        raise Unavailable(INSTALL_HINT) from None
     return trt
 
 
@@ -58,7 +59,7 @@ def build_engine(
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_path.read_bytes()):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise RuntimeError(f"{onnx_path}: TensorRT could not parse it: {errors}")
+        raise Unavailable(f"{onnx_path}: TensorRT could not parse it: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
     if fp16 and not strongly:
@@ -74,7 +75,7 @@ def build_engine(
     t0 = time.time()
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"{onnx_path}: TensorRT engine build failed (see the TensorRT log above)")
+        raise Unavailable(f"{onnx_path}: TensorRT engine build failed (see the TensorRT log above)")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(bytes(plan))  # the raw plan, as Triton's tensorrt_plan backend expects it
     if cache_path:
@@ -123,7 +124,7 @@ class TensorRTEngine:
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise RuntimeError(f"{path}: not a TensorRT engine for this TensorRT version and GPU")
+            raise Unavailable(f"{path}: not a TensorRT engine for this TensorRT version and GPU")
         self.context = self.engine.create_execution_context()
         self.inputs, self.outputs = [], []
         for i in range(self.engine.num_io_tensors):
@@ -153,7 +154,7 @@ class TensorRTEngine:
             self.context.set_tensor_address(name, t.data_ptr())
             outs.append(t)
         if not self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream):
-            raise RuntimeError("TensorRT execution failed")
+            raise Unavailable("TensorRT execution failed")
         return outs
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

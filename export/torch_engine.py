@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from core.model import DetectionModel
+from yolov9.core.model import DetectionModel
 
 
 class TorchEngine:

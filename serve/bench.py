@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from export.bench import seconds_per_call
-from serve.detector import Detector, Request
-from serve.loadtest import load_images
+from yolov9.core.errors import Unavailable
+from yolov9.export.bench import seconds_per_call
+from yolov9.serve.detector import Detector, Request
+from yolov9.serve.loadtest import load_images
 
 
 def bench_detector(args) -> list[dict]:
@@ -75,7 +76,7 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
 def _bench_processes(args, batches: list[int]) -> list[dict]:
     """K processes, each with its own Detector, start each batch size together after a barrier; images/s is the
     work of all K over the slowest one's time."""
-    from serve.mps import MpsDaemon
+    from yolov9.serve.mps import MpsDaemon
 
     rows = []
     with MpsDaemon() if args.mps else contextlib.nullcontext() as mps:
@@ -95,7 +96,7 @@ def _bench_processes(args, batches: list[int]) -> list[dict]:
                 if dead:  # a crashed child never reports: stop the rest instead of waiting at their barrier
                     for p in procs:
                         p.terminate()
-                    raise RuntimeError(f"bench detector --procs: a process exited with code {dead[0]}") from None
+                    raise Unavailable(f"bench detector --procs: a process exited with code {dead[0]}") from None
         for p in procs:
             p.join()
         if mps is not None:
@@ -104,7 +105,7 @@ def _bench_processes(args, batches: list[int]) -> list[dict]:
     for b in batches:
         done = [c[b] for c in per_child]
         if any(isinstance(d, str) for d in done):
-            raise RuntimeError(
+            raise Unavailable(
                 f"bench detector --procs: a process failed: {next(d for d in done if isinstance(d, str))}"
             )
         row = {

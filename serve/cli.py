@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from core.paths import SAMPLE_IMAGES as SAMPLES
+from yolov9.core.errors import BadInput
+from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
 
 REPO = "model_repository"
 
@@ -85,7 +86,7 @@ def _repo_options(args: argparse.Namespace) -> dict:
 
 
 def _cmd_build_repo(args: argparse.Namespace) -> None:
-    from serve.repository import build_repo
+    from yolov9.serve.repository import build_repo
 
     d = build_repo(args.engine, args.repo, args.name, **_repo_options(args))
     print(f"wrote {d}")
@@ -118,7 +119,7 @@ def _serve_until_stopped(server, message: str) -> None:
 
 def _triton_server(args: argparse.Namespace, log_file: str | Path | None):
     """The Triton server the serve options describe (repository, ports, host)."""
-    from serve.triton_server import TritonServer
+    from yolov9.serve.triton_server import TritonServer
 
     return TritonServer(
         args.repo,
@@ -138,7 +139,7 @@ def _cmd_triton(args: argparse.Namespace) -> None:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> None:
-    from serve.gateway.process import GatewayProcess
+    from yolov9.serve.gateway.process import GatewayProcess
 
     gw = GatewayProcess(
         args.triton.split(","), args.host, args.port, args.workers, args.name, max_upload_bytes=args.max_upload_bytes
@@ -149,10 +150,10 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> None:
     """Triton and the gateway together on the given weights or engine."""
-    from serve.stack import ServingStack, StackConfig, answer_once
+    from yolov9.serve.stack import ServingStack, StackConfig, answer_once
 
     if not args.weights:
-        raise ValueError("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
+        raise BadInput("give --weights (a checkpoint, zoo name or engine file), or a subcommand")
     ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
     repo = None if args.once and args.repo == REPO else args.repo  # --once leaves the served repository alone
     cfg = StackConfig(
@@ -170,13 +171,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
 
 
 def _loadtest(args: argparse.Namespace) -> None:
-    from serve.loadtest import run_loadtest
+    from yolov9.serve.loadtest import run_loadtest
 
     run_loadtest(args)
 
 
 def _cmd_bench_detector(args: argparse.Namespace) -> None:
-    from serve.bench import bench_detector
+    from yolov9.serve.bench import bench_detector
 
     bench_detector(args)
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from core.postprocess import postprocess_flat
-from core.preprocess import ImageError, decode_images, prepare_batch, to_input
-from export.cuda_graph import CudaGraphEngine
-from export.engine import load_engine
+from yolov9.core.postprocess import postprocess_flat
+from yolov9.core.preprocess import ImageError, decode_images, prepare_batch, to_input
+from yolov9.export.cuda_graph import CudaGraphEngine
+from yolov9.export.engine import load_engine
 
 
 @dataclass

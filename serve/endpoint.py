@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.image_io import image_file_hw
+from yolov9.core.errors import Unavailable
+from yolov9.core.image_io import image_file_hw
 
 
 async def _detect_all(send, files: list[Path], in_flight: int) -> list[np.ndarray]:
@@ -37,7 +38,7 @@ async def _via_gateway(url, files, conf, iou, max_det, in_flight):
         async def send(data: bytes) -> np.ndarray:
             r = await client.post("/v1/detect", params=params, content=data, headers={"Content-Type": "image/jpeg"})
             if r.status_code != 200:
-                raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:200]}")
+                raise Unavailable(f"{url}: HTTP {r.status_code}: {r.text[:200]}")
             rows = [d["box"] + [d["score"], d["class_id"]] for d in r.json()["detections"]]
             return np.array(rows, np.float64).reshape(-1, 6)
 
@@ -45,7 +46,7 @@ async def _via_gateway(url, files, conf, iou, max_det, in_flight):
 
 
 async def _via_triton(url, files, conf, iou, max_det, in_flight):
-    from serve.gateway.backend import BackendError, TritonPool
+    from yolov9.serve.gateway.backend import BackendError, TritonPool
 
     pool = TritonPool([url], "yolov9")
     try:
@@ -54,7 +55,7 @@ async def _via_triton(url, files, conf, iou, max_det, in_flight):
             try:
                 return (await pool.detect(data, conf, iou, max_det, None)).astype(np.float64)
             except BackendError as e:
-                raise RuntimeError(f"{url}: {e}") from None
+                raise Unavailable(f"{url}: {e}") from None
 
         return await _detect_all(send, files, in_flight)
     finally:

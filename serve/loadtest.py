@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from yolov9.core.errors import MissingInput, Unavailable
+
 IMG_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
@@ -36,7 +38,7 @@ class Step:
 def load_images(folder: str | Path, limit: int = 512) -> list[bytes]:
     files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMG_SUFFIXES)[:limit]
     if not files:
-        raise FileNotFoundError(f"{folder}: no images to send")
+        raise MissingInput(f"{folder}: no images to send")
     return [f.read_bytes() for f in files]
 
 
@@ -350,7 +352,7 @@ def run_loadtest(args) -> list[dict]:
     failed = [r for r in rows if r["requests"] and not r["ok"]]
     if failed:  # a load test of a server that never answered measured nothing: say so, with a failing exit code
         kinds = ", ".join(f"{n} {k}" for k, n in failed[0]["errors"].items())
-        raise RuntimeError(
+        raise Unavailable(
             f"every request failed in {len(failed)} of {len(rows)} steps ({kinds} in the first); is {url} serving?"
         )
     return rows

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from locust import HttpUser, between, task
 
-from core.paths import SAMPLE_IMAGES
+from yolov9.core.paths import SAMPLE_IMAGES
 
 _FOLDER = Path(os.environ.get("YOLOV9_LOADTEST_IMAGES", SAMPLE_IMAGES))
 _IMAGES = [p.read_bytes() for p in sorted(_FOLDER.glob("*.jpg"))]

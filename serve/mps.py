@@ -14,8 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from yolov9.core.errors import Unavailable
 
-class MpsError(RuntimeError):
+
+class MpsError(Unavailable):
     pass
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from core.paths import sample_images
-from export.engine import weights_meta
-from export.metadata import EngineMeta
+from yolov9.core.errors import BadInput, MissingInput
+from yolov9.core.paths import sample_images
+from yolov9.export.engine import weights_meta
+from yolov9.export.metadata import EngineMeta
 
 TEMPLATE_DIR = Path(__file__).parent / "triton"
 
@@ -101,14 +102,14 @@ def build_repo(
 ) -> Path:
     """Write `repo/name` (and the TensorRT-backend variant if asked); returns the model folder."""
     if not 100 <= queue_delay_us <= 2000:
-        raise ValueError("--queue-delay-us should be 100-2000 (0.1-2 ms): longer adds latency, shorter loses batching")
+        raise BadInput("--queue-delay-us should be 100-2000 (0.1-2 ms): longer adds latency, shorter loses batching")
     if preferred is None:
         preferred = [b for b in (4, 8, 16, 32, 64) if b <= max_batch]
     if any(not 1 <= b <= max_batch for b in preferred):
-        raise ValueError(f"--preferred-batch sizes must lie in 1..{max_batch} (the max batch)")
+        raise BadInput(f"--preferred-batch sizes must lie in 1..{max_batch} (the max batch)")
     engine = Path(engine)
     if not engine.exists() and engine.suffix:
-        raise FileNotFoundError(f"{engine}: no such engine file")
+        raise MissingInput(f"{engine}: no such engine file")
     repo = Path(repo)
     model_dir = repo / name
     if model_dir.exists():

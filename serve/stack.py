@@ -9,10 +9,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.paths import sample_images
-from serve.gateway.process import GatewayProcess
-from serve.repository import build_repo
-from serve.triton_server import TritonServer
+from yolov9.core.paths import sample_images
+from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.repository import build_repo
+from yolov9.serve.triton_server import TritonServer
 
 
 @dataclass

@@ -18,12 +18,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from core.paths import PACKAGE_ROOT
-from serve.mps import MpsDaemon
-from serve.processes import ManagedProcess
+from yolov9.core.errors import Unavailable
+from yolov9.core.paths import PACKAGE_ROOT
+from yolov9.serve.mps import MpsDaemon
+from yolov9.serve.processes import ManagedProcess
 
 
-class TritonError(RuntimeError):
+class TritonError(Unavailable):
     pass
 
 

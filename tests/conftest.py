@@ -30,7 +30,7 @@ def interop() -> Path:
 @pytest.fixture(scope="session")
 def coco48() -> Path:
     """The dataset shipped inside the package: 48 coco128 images, YOLO labels, one background image."""
-    from core.paths import SHIPPED_DATASET, SHIPPED_DATASETS
+    from yolov9.core.paths import SHIPPED_DATASET, SHIPPED_DATASETS
 
     return SHIPPED_DATASETS / SHIPPED_DATASET
 
@@ -58,7 +58,7 @@ def coco_json(coco48, tmp_path_factory) -> Path:
 
     from PIL import Image
 
-    from core.coco_names import COCO_NAMES
+    from yolov9.core.coco_names import COCO_NAMES
 
     root = tmp_path_factory.mktemp("coco")
     (root / "annotations").mkdir()
@@ -128,7 +128,7 @@ LIGHT_HYP = {
 
 def tiny_train_config(data, project, **kw):
     """A gelan-t CPU training config for tests; keywords override."""
-    from train.trainer import TrainConfig
+    from yolov9.train.trainer import TrainConfig
 
     base = dict(
         data=str(data),
@@ -152,7 +152,7 @@ def tiny_train_config(data, project, **kw):
 def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
     """gelan-t overfitted on 16 images at 160 px (about a minute on 2 cores): a model whose detections and mAP
     mean something, so export and serving comparisons cannot pass by all being empty."""
-    from train.trainer import Trainer
+    from yolov9.train.trainer import Trainer
 
     cfg = tiny_train_config(
         tiny_subset, tmp_path_factory.mktemp("runs"), img=160, epochs=40, batch=4, nbs=4, name="tiny"
@@ -164,7 +164,7 @@ def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
 def aoti_cpu_package(trained_tiny, tmp_path_factory) -> Path:
     """trained_tiny compiled by AOTInductor for the CPU (fp32, 160 px, batch up to 8), with one --inductor option
     passed through (about 30 s on 2 cores)."""
-    from export.aoti import export_aoti
+    from yolov9.export.aoti import export_aoti
 
     options = {"aot_inductor.compile_wrapper_opt_level": "O0"}
     out = tmp_path_factory.mktemp("aoti") / "m.pt2"

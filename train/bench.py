@@ -8,16 +8,16 @@ import time
 
 import torch
 
-from core.model import DetectionModel
-from train import distributed
-from train.data.augment import Hyp
-from train.data.dataset import DetectionDataset, build_loader
-from train.data.formats import load_split, resolve_data
-from train.ema import ModelEMA
-from train.gpu_monitor import GpuMonitor
-from train.graphed_step import StepOptions, TrainStep
-from train.loss import DetectionLoss
-from train.step import AMP_DTYPES, build_optimizer, make_scaler
+from yolov9.core.model import DetectionModel
+from yolov9.train import distributed
+from yolov9.train.config import BenchTrainConfig, Hyp
+from yolov9.train.data.dataset import DetectionDataset, build_loader
+from yolov9.train.data.formats import load_split, resolve_data
+from yolov9.train.ema import ModelEMA
+from yolov9.train.engine import StepOptions, TrainStep
+from yolov9.train.gpu_monitor import GpuMonitor
+from yolov9.train.loss import DetectionLoss
+from yolov9.train.step import AMP_DTYPES, build_optimizer, make_scaler
 
 
 class _UtilSampler(threading.Thread):
@@ -104,7 +104,7 @@ def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
     }
 
 
-def bench_train(args) -> list[dict]:
+def bench_train(args: BenchTrainConfig) -> list[dict]:
     """Under torchrun every rank times its own steps with --batch images each (per GPU); rank 0 reports the sum."""
     ctx = distributed.init(args.device)
     ds = DetectionDataset(
@@ -164,9 +164,9 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     def step() -> None:  # what one trainer step does when the nominal batch equals the batch
         nonlocal wait
         tw = time.perf_counter()
-        imgs, _, targets, _, _ = next(it)
+        batch = next(it)
         wait += time.perf_counter() - tw
-        train_step.micro(imgs, targets)
+        train_step.micro(batch.images, batch.targets)
         train_step.step()
 
     t_warm = time.perf_counter()

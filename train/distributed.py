@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from train.step import select_device
+from yolov9.core.device import select_device
 
 
 @dataclass(frozen=True)

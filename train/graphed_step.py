@@ -10,15 +10,12 @@ the default (global) mode counts as an error and which invalidates the capture."
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from train.ema import ModelEMA
-from train.loss import DetectionLoss
-from train.step import forward_backward, optimizer_step
+from yolov9.train.ema import ModelEMA
+from yolov9.train.loss import DetectionLoss
+from yolov9.train.step import forward_backward, optimizer_step
 
 CAPTURE_MODE = "thread_local"
 
@@ -188,54 +185,3 @@ class GraphedOptimizerStep:
         graph.replay()
         self.graph = graph
         self.captures += 1
-
-
-@dataclass
-class StepOptions:
-    """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
-    undone by scaling the loss), the clip norm, and CUDA graphs (taken where `graphs_possible`)."""
-
-    amp_dtype: torch.dtype | None = None
-    channels_last: bool = True
-    world: int = 1
-    clip: float = 10.0
-    cuda_graph: bool = True
-
-
-class TrainStep:
-    """One micro-batch (`micro`) and one optimizer step (`step`), captured or eager: what the trainer, `bench
-    train` and their tests run. `net` is the model or its DDP wrapper; accumulation micro-batches of a DDP run skip
-    the gradient all-reduce (`sync=False`)."""
-
-    def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
-        self.model, self.net, self.loss_fn, self.optimizer = model, net, loss_fn, optimizer
-        self.scaler, self.ema, self.opts = scaler, ema, opts
-        self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
-        self.reset()
-
-    def reset(self) -> None:
-        """Drop captured graphs (after the gradients were dropped, e.g. when the batch was halved)."""
-        self.graphed, self.graphed_opt = None, None
-        if self.graphs:
-            o = self.opts
-            self.graphed = GraphedStep(self.model, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last)
-            self.graphed_opt = GraphedOptimizerStep(self.model, self.optimizer, self.scaler, self.ema, o.clip)
-
-    @property
-    def captures(self) -> int:
-        return self.graphed.captures + self.graphed_opt.captures if self.graphs else 0
-
-    def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
-        if self.graphed is not None:
-            return self.graphed(imgs, targets)
-        ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
-        with self.net.no_sync() if ddp_local else contextlib.nullcontext():
-            o = self.opts
-            return forward_backward(
-                self.net, imgs, targets, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last, o.world
-            )
-
-    def step(self) -> torch.Tensor:
-        if self.graphed_opt is not None:
-            return self.graphed_opt()
-        return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)

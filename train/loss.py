@@ -10,25 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from core.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
+from yolov9.core.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
+from yolov9.train.config import LossGains
+from yolov9.train.data.targets import pad_targets
 
-GAINS = (7.5, 0.5, 1.5)  # box, cls, dfl: the constants of the official loss
 DUAL_HEAD_WEIGHTS = (0.25, 1.0)  # auxiliary, main
-
-
-def pad_targets(targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Rows (image, class, x, y, w, h) -> (batch, max boxes per image, 5) with all-zero padding rows."""
-    if targets.shape[0] == 0:
-        return targets.new_zeros(batch_size, 0, 5)
-    img = targets[:, 0].long()
-    counts = torch.bincount(img, minlength=batch_size)
-    order = torch.argsort(img, stable=True)
-    img_sorted = img[order]
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(len(img), device=targets.device) - starts[img_sorted]
-    out = targets.new_zeros(batch_size, int(counts.max()), 5)
-    out[img_sorted, slot] = targets[order, 1:]
-    return out
 
 
 class TaskAlignedAssigner:
@@ -132,8 +118,10 @@ class DetectionLoss:
         topk: int = 10,
         alpha: float = 0.5,
         beta: float = 6.0,
+        gains: LossGains | None = None,
     ):
         self.nc, self.reg_max, self.head_weights = nc, reg_max, head_weights
+        self.gains = gains or LossGains()  # the official hyp file's box, cls and dfl
         self.strides = strides
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
         self._constants: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -148,14 +136,15 @@ class DetectionLoss:
             anchors, stride_t = make_anchors(feats0, strides, 0.5, torch.float32)
             h, w = (float(v * strides[0]) for v in feats0[0].shape[2:])
             scale = torch.tensor([w, h, w, h], device=device)
-            self._constants[key] = (anchors, stride_t, scale, torch.tensor(GAINS, device=device))
+            g = self.gains
+            self._constants[key] = (anchors, stride_t, scale, torch.tensor([g.box, g.cls, g.dfl], device=device))
         return self._constants[key]
 
     @classmethod
-    def for_model(cls, model) -> DetectionLoss:
+    def for_model(cls, model, gains: LossGains | None = None) -> DetectionLoss:
         head = model.head
         weights = (1.0,) if head.groups == 1 else DUAL_HEAD_WEIGHTS
-        return cls(head.nc, head.stride, head.reg_max, weights)
+        return cls(head.nc, head.stride, head.reg_max, weights, gains=gains)
 
     def __call__(self, preds, targets: torch.Tensor, batch_size: int | None = None, padded: bool = False):
         """preds: the model's training output (list of level maps, or list of such lists per head).

@@ -9,31 +9,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.preprocess import to_input
-from train.ema import ModelEMA
-from train.loss import DetectionLoss
+from yolov9.core.device import cpu_has_bf16
+from yolov9.core.errors import BadInput
+from yolov9.core.preprocess import to_input
+from yolov9.train.ema import ModelEMA
+from yolov9.train.loss import DetectionLoss
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
-# "auto": fp16 on a GPU (faster than bf16 for every model and batch measured on the H200, see docs/benchmarks.md;
-# the gradient scaler keeps it stable, as in the official trainer), bf16 on the CPU, which has no fp16 autocast
-AMP_AUTO = {"cuda": "fp16", "cpu": "bf16"}
-
-
-def select_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.isdigit():
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {spec}: no CUDA GPU on this machine (use --device cpu)")
-        return torch.device(f"cuda:{spec}")
-    return torch.device(spec)
 
 
 def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """--amp's dtype. auto: fp16 on a GPU (faster than bf16 for every model and batch measured, and stable with the
+    gradient scaler, as in the official trainer); on a CPU bf16 where it has bf16 instructions, else fp32 (bf16
+    autocast without them runs several times slower than fp32)."""
     if mode == "auto":
-        mode = AMP_AUTO.get(device.type, "off")
+        mode = "fp16" if device.type == "cuda" else "bf16" if device.type == "cpu" and cpu_has_bf16() else "off"
     if mode not in AMP_DTYPES:
-        raise ValueError(f"--amp {mode}: choose auto, {', '.join(AMP_DTYPES)}")
+        raise BadInput(f"--amp {mode}: choose auto, {', '.join(AMP_DTYPES)}")
     if device.type == "cpu" and mode == "fp16":
         print("note: --amp fp16 is GPU-only; using bf16 autocast on the CPU")
         return torch.bfloat16
@@ -57,7 +49,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
         cuda = next(model.parameters()).is_cuda
         opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=True, capturable=cuda)
     else:
-        raise ValueError(f"--optimizer {name}: choose SGD or AdamW")
+        raise BadInput(f"--optimizer {name}: choose SGD or AdamW")
     opt.add_param_group({"params": weights, "weight_decay": decay})
     opt.add_param_group({"params": norms, "weight_decay": 0.0})
     if name == "SGD":

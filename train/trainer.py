@@ -1,15 +1,13 @@
-"""The trainer: AMP training with nominal-batch accumulation, warm-up, EMA, LR schedule, checkpoints and exact
-resume. `Trainer.fit` is the run (set-up, then per epoch: `train_one_epoch`, validation, checkpoint, log row); the
-step keeps the GPU fed: uint8 batches cross the bus and are normalised on the device, targets arrive padded, and
-no step waits for the host (non-finite steps are skipped on the device, train/step.py)."""
+"""The trainer: `Trainer(TrainConfig).fit()` sets up data, model and training state (train/state.py), then per
+epoch runs `train_one_epoch` (train/engine.py), validates the EMA model, writes the checkpoints in the background and
+one log row; at the end it writes the plots and prints the per-class table. The step keeps the GPU fed: uint8
+batches cross the bus and are normalised on the device, targets arrive padded, and no step waits for the host."""
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import random
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,77 +15,35 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from core.checkpoint import read_checkpoint, save_checkpoint
-from core.model import DetectionModel, load_cfg
-from train import distributed
-from train.data.augment import Hyp
-from train.data.dataset import DetectionDataset, build_loader
-from train.data.formats import load_split, resolve_data
-from train.ema import ModelEMA
-from train.gpu_monitor import GpuMonitor
-from train.graphed_step import StepOptions, TrainStep
-from train.loss import DetectionLoss
-from train.run_log import RunLog
-from train.step import amp_dtype, build_optimizer, forward_backward, load_optimizer_state, make_scaler
-from train.validate import evaluate, format_table
-
-
-@dataclass
-class TrainConfig:
-    """Every option of `yolov9 train`; the command line overrides these defaults."""
-
-    data: str | None = None
-    cfg: str = "yolov9-s"
-    weights: str | None = None
-    img: int = 640
-    epochs: int = 100
-    batch: int = 16
-    nbs: int = 64
-    accumulate: int | None = None
-    amp: str = "auto"
-    optimizer: str = "SGD"
-    cos_lr: bool = False
-    clip: float = 10.0
-    close_mosaic: int = 15
-    cache: str | None = None
-    workers: int = 8
-    device: str = "auto"
-    seed: int = 0
-    project: str = "runs/train"
-    name: str = "exp"
-    exist_ok: bool = False
-    val: bool = True
-    val_interval: int = 1
-    stop_after: int | None = None
-    resume: str | None = None
-    channels_last: bool = True
-    cudnn_benchmark: bool = True
-    sync_bn: bool = False
-    cuda_graph: bool = True
-    hyp: dict = field(default_factory=dict)
+from yolov9.core.checkpoint import read_checkpoint
+from yolov9.core.errors import BadInput
+from yolov9.core.model import DetectionModel, load_cfg
+from yolov9.train import distributed, plots
+from yolov9.train.config import TrainConfig
+from yolov9.train.data.dataset import DetectionDataset, build_loader
+from yolov9.train.data.formats import load_split, require_boxes, resolve_data
+from yolov9.train.ema import ModelEMA
+from yolov9.train.engine import (
+    EpochPlan,
+    StepOptions,
+    TrainStep,
+    accumulation,
+    accumulation_target,
+    train_one_epoch,
+    warmup_iterations,
+)
+from yolov9.train.gpu_monitor import GpuMonitor
+from yolov9.train.loss import DetectionLoss
+from yolov9.train.run_log import RunLog
+from yolov9.train.state import CheckpointWriter, TrainState, epoch_checkpoints, resume_config
+from yolov9.train.step import amp_dtype, build_optimizer, forward_backward, make_scaler
+from yolov9.train.validate import evaluate, format_table
 
 
 def lr_lambda(epochs: int, lrf: float, cosine: bool):
     if cosine:
         return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
     return lambda x: (1 - x / epochs) * (1.0 - lrf) + lrf
-
-
-def rng_state() -> dict:
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": json.dumps(np.random.get_state()[1].tolist()),
-        "python": json.dumps(random.getstate()[1]),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def new_run_dir(project: str, name: str, exist_ok: bool) -> Path:
@@ -110,91 +66,83 @@ def _param_sum(model: torch.nn.Module) -> float:
         return float(sum(p.double().sum() for p in model.parameters()))
 
 
-def warmup(optimizer: torch.optim.Optimizer, ni: int, nw: int, lr_scale: float, hyp: Hyp, accumulate: float) -> int:
-    """The official warm-up at step ni of nw: accumulation ramps from 1, the bias LR down from warmup_bias_lr and
-    the other LRs up from 0 to their scheduled values, momentum up from warmup_momentum. Returns the accumulation."""
-    xi = [0, nw]
-    for j, g in enumerate(optimizer.param_groups):
-        # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
-        g["lr"] = float(np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0, g["initial_lr"] * lr_scale]))
-        if "momentum" in g:
-            g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
-    return max(1, round(float(np.interp(ni, xi, [1, accumulate]))))
+def _device_line(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
-        self.resume_state = None
+        self.resume_ck = None
         if cfg.resume:
-            cfg = self._resume_config(cfg)
-        self.cfg = cfg
-        self.dist = distributed.init(cfg.device)
+            cfg, self.resume_ck = resume_config(cfg)
+        self.dist = distributed.init(cfg.device or "auto")
         self.device, self.main = self.dist.device, self.dist.main
+        cfg, filled = cfg.resolved(self.device.type == "cuda")
+        self.cfg = cfg
+        if self.main:
+            self._notes(filled)
         if cfg.batch != -1 and cfg.batch % self.dist.world:
-            raise ValueError(f"--batch {cfg.batch} is the global batch: it must divide by the {self.dist.world} ranks")
-        self.hyp = Hyp(**cfg.hyp)
+            raise BadInput(f"--batch {cfg.batch} is the global batch: it must divide by the {self.dist.world} ranks")
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.amp_dtype = amp_dtype(cfg.amp, self.device)
-        spec = resolve_data(cfg.data)
-        # what `val` without --data reads back from the checkpoint: a name, or an absolute path
-        self.data_name = (
-            str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
-        )
-        kw = dict(cache=cfg.cache, workers=cfg.workers)
-        self.train_ds = DetectionDataset(
-            load_split(spec, "train"), cfg.img, augment=True, hyp=self.hyp, seed=cfg.seed, desc="train",
-            dist_ctx=self.dist, **kw,
-        )  # fmt: skip
-        # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
-        self.val_ds = None
-        if cfg.val and self.main:
-            self.val_ds = DetectionDataset(load_split(spec, "val"), cfg.img, desc="val", **kw)
-        if self.main:
-            for ds in filter(None, (self.train_ds, self.val_ds)):
-                print(ds.describe())
-            print(self.train_ds.problems.summary())
-        self.names = self.train_ds.names
+        self._datasets()
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
         if cfg.sync_bn and self.dist.active:
             if self.device.type != "cuda":
-                raise ValueError("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
+                raise BadInput("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
         self.net = self.model  # what the step runs: the model, or its DDP wrapper (in _setup)
         if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
 
-    def _resume_config(self, cfg: TrainConfig) -> TrainConfig:
-        ck_path = Path(cfg.resume)
-        if ck_path.is_dir():
-            ck_path = ck_path / "weights" / "last.pt"
-        self.resume_state = read_checkpoint(ck_path)
-        if "train" not in self.resume_state:
-            raise ValueError(
-                f"{ck_path}: holds no training state to resume from (a final or converted "
-                f"checkpoint); start a new run with --weights instead"
+    def _notes(self, filled: list[str]) -> None:
+        cfg = self.cfg
+        if filled and self.device.type == "cpu":
+            print(
+                f"note: no GPU, so {', '.join('--' + k for k in filled)} default to a CPU run that ends in minutes "
+                f"({cfg.cfg}, {cfg.img} px, {cfg.epochs} epochs); on a GPU the defaults are yolov9-s, 640 px, 100 "
+                "epochs"
             )
-        saved = dict(self.resume_state["train"]["config"])
-        saved.update(
-            resume=str(ck_path),
-            stop_after=cfg.stop_after,
-            exist_ok=True,
-            name=ck_path.parents[1].name,
-            project=str(ck_path.parents[2]),
-            device=cfg.device,
-            workers=cfg.workers,
+        cores = os.cpu_count() or 1
+        if cfg.workers > cores:
+            print(f"note: --workers {cfg.workers} capped at the {cores} CPU cores of this machine")
+            self.cfg.workers = cores
+
+    def _datasets(self) -> None:
+        cfg = self.cfg
+        spec = resolve_data(cfg.data)
+        # what `val` without --data reads back from the checkpoint: a name, or an absolute path
+        self.data_name = (
+            str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
         )
-        return TrainConfig(**saved)
+        kw = dict(cache=cfg.cache, workers=cfg.workers)
+        train_index = require_boxes(load_split(spec, "train"), spec, "train", cfg.allow_empty)
+        self.train_ds = DetectionDataset(
+            train_index, cfg.img, augment=True, hyp=cfg.hyp, seed=cfg.seed, desc="train", dist_ctx=self.dist, **kw
+        )
+        # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
+        self.val_ds = None
+        if cfg.val and self.main:
+            val_index = require_boxes(load_split(spec, "val"), spec, "val", cfg.allow_empty)
+            self.val_ds = DetectionDataset(val_index, cfg.img, desc="val", **kw)
+        if self.main:
+            for ds in filter(None, (self.train_ds, self.val_ds)):
+                print(ds.describe())
+            print(self.train_ds.problems.summary())
+        self.names = self.train_ds.names
 
     def _build_model(self) -> DetectionModel:
         nc = len(self.names)
-        if self.resume_state is not None:
-            model = DetectionModel(self.resume_state["cfg"], names=self.names)
-            model.load_state_dict(self.resume_state["train"]["model"])
+        if self.resume_ck is not None:
+            model = DetectionModel(self.resume_ck["cfg"], names=self.names)
+            model.load_state_dict(self.resume_ck["train"]["model"])
             return model
         if self.cfg.weights:
             ck = read_checkpoint(self.cfg.weights)
@@ -202,9 +150,8 @@ class Trainer:
             own = model.state_dict()
             fit = {k: v for k, v in ck["model"].items() if k in own and own[k].shape == v.shape}
             model.load_state_dict(fit, strict=False)
-            print(
-                f"weights: {len(fit)}/{len(own)} tensors from {self.cfg.weights}"
-                + (f" (class outputs re-initialised for {nc} classes)" if len(fit) < len(own) else "")
+            self.weights_note = f"{len(fit)}/{len(own)} tensors from {self.cfg.weights}" + (
+                f" (class outputs re-initialised for {nc} classes)" if len(fit) < len(own) else ""
             )
             return model
         return DetectionModel(load_cfg(self.cfg.cfg), nc=nc, names=self.names)
@@ -214,7 +161,7 @@ class Trainer:
         if self.device.type != "cuda":
             print("--batch -1: no GPU, using 16")
             return 16
-        loss_fn = DetectionLoss.for_model(self.model)
+        loss_fn = DetectionLoss.for_model(self.model, self.cfg.loss)
         no_scaling = make_scaler(self.device, None)
         used = []
         sizes = (4, 8)
@@ -235,210 +182,213 @@ class Trainer:
         return batch
 
     # --- set-up -----------------------------------------------------------------------------------------------
-    def _setup(self) -> int:
-        """Optimizer, schedule, scaler, EMA and loss (restored when resuming); returns the first epoch."""
-        cfg, hyp = self.cfg, self.hyp
-        self.batch = self.auto_batch() * self.dist.world if cfg.batch == -1 else cfg.batch  # global
+    def _setup(self) -> None:
+        """The training state (restored when resuming) and the step that trains it."""
+        cfg, hyp = self.cfg, self.cfg.hyp
+        batch = self.auto_batch() * self.dist.world if cfg.batch == -1 else cfg.batch  # global
         if self.dist.active:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self.loss_fn = DetectionLoss.for_model(self.model)
-        decay = hyp.weight_decay * self.batch * self._accumulate() / cfg.nbs
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
+        self.loss_fn = DetectionLoss.for_model(self.model, cfg.loss)
+        decay = hyp.weight_decay * batch * accumulation(cfg.nbs, batch, cfg.accumulate) / cfg.nbs
+        optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
         self.lf = lr_lambda(cfg.epochs, hyp.lrf, cfg.cos_lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.scaler = make_scaler(self.device, self.amp_dtype)
-        self.ema = ModelEMA(self.model) if self.main else None  # rank 0 alone validates and saves it
+        self.state = TrainState(
+            model=self.model,
+            ema=ModelEMA(self.model) if self.main else None,  # rank 0 alone validates and saves it
+            optimizer=optimizer,
+            scaler=make_scaler(self.device, self.amp_dtype),
+            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=self.lf),
+            batch=batch,
+            skipped=torch.zeros((), device=self.device),
+        )
+        if self.resume_ck is not None:
+            self.state.load_state_dict(self.resume_ck["train"], self.resume_ck["model"])
+            if self.main:
+                print(f"resuming from epoch {self.state.epoch + 2} of {cfg.epochs}")
+        self._make_step()
+        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
+
+    def _make_step(self) -> None:
+        cfg, st = self.cfg, self.state
         opts = StepOptions(self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph)
-        self.step = TrainStep(self.model, self.net, self.loss_fn, self.optimizer, self.scaler, self.ema, opts)
+        self.step = TrainStep(self.model, self.net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
         if cfg.cuda_graph and self.dist.active and self.main:
             print("note: a multi-GPU run trains eagerly (CUDA graphs need one GPU; see --help)")
-        self.best, self.skipped, self.last_opt_step = -1.0, torch.zeros((), device=self.device), -1
-        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
-        if self.resume_state is None:
-            return 0
-        st = self.resume_state["train"]
-        load_optimizer_state(self.optimizer, st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
-        self.scaler.load_state_dict(st["scaler"])
-        if self.ema is not None:
-            self.ema.load_state_dict({"model": self.resume_state["model"], "updates": st["ema_updates"]})
-        self.best, self.batch = st["best_fitness"], st["batch"]
-        set_rng_state(st["rng"])
-        print(f"resuming from epoch {st['epoch'] + 1} of {cfg.epochs}")
-        return st["epoch"] + 1
-
-    def _accumulate(self) -> int:
-        return self.cfg.accumulate or max(round(self.cfg.nbs / self.batch), 1)
 
     def _loader(self, start_epoch: int):
         """Each rank's share of every global batch: the same images per step as one process would take."""
         d, pin = self.dist, self.device.type == "cuda"
-        per_rank = self.batch // d.world
+        per_rank = self.state.batch // d.world
         return build_loader(
             self.train_ds, per_rank, self.cfg.workers, True, self.cfg.seed, d.rank, d.world, pin, start_epoch
         )
 
+    def _plan(self, loader) -> EpochPlan:
+        cfg, batch = self.cfg, self.state.batch
+        target = accumulation_target(cfg.nbs, batch, cfg.accumulate)
+        return EpochPlan(cfg.epochs, len(loader), warmup_iterations(cfg.hyp, len(loader)), target, cfg.hyp, self.lf)
+
     # --- the run ----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
         cfg, main = self.cfg, self.main
-        epoch = self._setup()
+        self._setup()
+        epoch = self.state.epoch + 1
         loader = self._loader(epoch)
-        val_loader = None
-        if self.val_ds is not None and main:
-            val_loader = build_loader(self.val_ds, self.batch * 2, cfg.workers, False, pin=self.device.type == "cuda")
-        log = None
+        val_loader, log, self.writer = None, None, CheckpointWriter()
+        if self.val_ds is not None:
+            val_loader = build_loader(
+                self.val_ds, self.state.batch * 2, cfg.workers, False, pin=self.device.type == "cuda"
+            )
         if main:
             self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-            (self.dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
-            (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary() + "\n")
+            (self.dir / "args.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            (self.dir / "data_problems.txt").write_text(self.train_ds.problems.summary(full=True) + "\n")
             log = RunLog(self.dir)
-        monitor, summary, self.per_class = GpuMonitor(self.device), {}, None
+            self.best_written = (self.dir / "weights" / "best.pt").exists()
+            print(self._header(loader))
+            if self.resume_ck is None:
+                plots.plot_labels(self.train_ds.labels, self.names, self.dir / "labels.jpg")
+        monitor, self.final = GpuMonitor(self.device), None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
-        batches = iter(loader)  # one iterator for the whole run: workers prefetch across epoch boundaries
-        while epoch < end_epoch:
-            try:
-                row = self.train_one_epoch(epoch, batches, len(loader), monitor)
-            except torch.OutOfMemoryError:
-                if self.dist.active:  # every rank would have to halve together: stop instead
-                    raise
-                del batches
-                loader = self._halve_batch(epoch)
-                batches = iter(loader)
-                continue
-            self.scheduler.step()
-            if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
-                row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
-            if main:
-                final = epoch in (cfg.epochs - 1, end_epoch - 1)
-                self._end_epoch(epoch, row, val_loader if (epoch + 1) % cfg.val_interval == 0 or final else None, log)
-            distributed.barrier(self.dist)  # the others wait for rank 0's validation and checkpoint
-            epoch += 1
+        batches = self._plotting(iter(loader), epoch)  # one iterator: workers prefetch across epoch boundaries
+        try:
+            while epoch < end_epoch:
+                try:
+                    row = train_one_epoch(self.state, self.step, batches, self._plan(loader), epoch, self.dist, monitor)
+                except torch.OutOfMemoryError:
+                    if self.dist.active:  # every rank would have to halve together: stop instead
+                        raise
+                    del batches
+                    loader = self._halve_batch(epoch)
+                    batches = iter(loader)
+                    continue
+                self.state.scheduler.step()
+                self.state.epoch = epoch
+                row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
+                if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
+                    row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
+                if main:
+                    final = epoch in (cfg.epochs - 1, end_epoch - 1)
+                    validate = (epoch + 1) % cfg.val_interval == 0 or final
+                    self._end_epoch(epoch, row, val_loader if validate else None, log, final)
+                distributed.barrier(self.dist)  # the others wait for rank 0's validation and checkpoint
+                epoch += 1
+        finally:
+            self.writer.close()
         if not main:
             return {"run_dir": None, "rank": self.dist.rank}
-        if not (self.dir / "weights" / "best.pt").exists() and (self.dir / "weights" / "last.pt").exists():
-            save_checkpoint(self.dir / "weights" / "best.pt", self.ema.ema, self._meta(epoch - 1, {}))
+        return self._finish(log, monitor)
+
+    def _plotting(self, batches, epoch: int):
+        """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
+        for k, batch in enumerate(batches):
+            if k < 3 and epoch == 0 and self.main and self.resume_ck is None:
+                boxes = plots.training_batch_boxes(batch.targets, batch.images.shape[2:])
+                plots.plot_batch(batch.images, boxes, self.names, self.dir / f"train_batch{k}.jpg")
+            yield batch
+
+    def _end_epoch(self, epoch: int, row: dict, val_loader, log: RunLog, final: bool) -> None:
+        """Rank 0: validate the EMA model (when val_loader is given), checkpoint, write the log row."""
+        fitness = -1.0
+        if val_loader is not None:
+            res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final)
+            keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl")
+            row.update({k: res[k] for k in keys if k in res})
+            fitness = 0.1 * res["map50"] + 0.9 * res["map"]
+            if final:
+                self.final = res
+        improved = fitness > self.state.best_fitness
+        self.state.best_fitness = max(self.state.best_fitness, fitness)
+        meta = {"epoch": epoch, "map": row.get("map"), "map50": row.get("map50"), "data": self.data_name}
+        meta.update(img_size=self.cfg.img, epochs=self.cfg.epochs, cfg=self.cfg.cfg)
+        write_best = improved or (final and not self.best_written)  # a run without validation keeps its last
+        self.best_written |= write_best
+        self.writer.submit(epoch_checkpoints(self.dir, self.state, self.cfg, meta, write_best))
+        row = {**row, "epoch": epoch + 1}
+        log.write(row)
+        tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+
+    def _header(self, loader) -> str:
+        cfg, st = self.cfg, self.state
+        params = sum(p.numel() for p in self.model.parameters())
+        source = (
+            f"resumed from {cfg.resume}"
+            if self.resume_ck is not None
+            else getattr(self, "weights_note", None) or "from scratch"
+        )
+        acc = accumulation(cfg.nbs, st.batch, cfg.accumulate)
+        amp = {None: "off (fp32)", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.amp_dtype]
+        g = st.optimizer.param_groups[0]
+        graphs = "on" if self.step.graphs else "off"
+        lines = [
+            f"run      {self.dir}",
+            f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),
+            f"model    {cfg.cfg}, {params / 1e6:.2f}M parameters, {len(self.names)} classes, {source}",
+            f"input    {cfg.img} px, batch {st.batch} x {acc} accumulated (nominal {cfg.nbs}), AMP {amp}, "
+            f"CUDA graphs {graphs}",
+            f"optim    {cfg.optimizer} lr0 {cfg.hyp.lr0:g} lrf {cfg.hyp.lrf:g} momentum {cfg.hyp.momentum:g} "
+            f"weight decay {g['weight_decay']:g} (scaled to the batch), {'cosine' if cfg.cos_lr else 'linear'} "
+            f"schedule, warm-up {cfg.hyp.warmup_epochs:g} epochs",
+            f"data     {len(self.train_ds)} training images, {len(loader)} batches per epoch, {cfg.workers} workers, "
+            f"cache {cfg.cache or 'none'}",
+            f"epochs   {cfg.epochs}, mosaic off for the last {cfg.close_mosaic}, validation every {cfg.val_interval}"
+            if cfg.val
+            else f"epochs   {cfg.epochs}, mosaic off for the last {cfg.close_mosaic}, no validation",
+        ]
+        return "\n".join(lines)
+
+    def _finish(self, log: RunLog, monitor: GpuMonitor) -> dict:
+        """Rank 0 after the last epoch: plots, the per-class table, and the run's summary."""
         log.close()
         rows = log.rows()
-        if self.per_class is not None:
-            summary["per_class"] = self.per_class
+        plots.plot_results(rows, self.dir / "results.png")
+        summary = {}
+        if self.final is not None:
+            res = self.final
+            (self.dir / "val_per_class.txt").write_text(format_table(res) + "\n")
+            print(format_table(res))
+            summary["per_class"] = res["per_class"]
+            self._final_plots(res.pop("plots"))
         summary.update(
             run_dir=str(self.dir),
             epochs=[r["epoch"] for r in rows],
             last=rows[-1] if rows else {},
-            skipped_steps=int(self.skipped.item()),
+            skipped_steps=int(self.state.skipped.item()),
             peak_memory_gib=monitor.peak_gib(),
         )
         return summary
 
-    def _end_epoch(self, epoch: int, row: dict, val_loader, log: RunLog) -> None:
-        """Rank 0: validate the EMA model (when val_loader is given), checkpoint, write the log row."""
-        fitness = -1.0
-        if val_loader is not None:
-            res = evaluate(self.ema.ema, val_loader, self.device)
-            row.update(map=res["map"], map50=res["map50"])
-            fitness = 0.1 * res["map50"] + 0.9 * res["map"]
-            if epoch == self.cfg.epochs - 1:
-                (self.dir / "val_per_class.txt").write_text(format_table(res) + "\n")
-                self.per_class = res["per_class"]
-        self._save(epoch, row, fitness)
-        log.write(row)
-        tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    def _final_plots(self, p: dict) -> None:
+        d, names = self.dir, self.names
+        if p["curves"] is not None:
+            plots.plot_curves(p["curves"], names, d)
+        plots.plot_confusion(p["confusion"], names, d / "confusion_matrix.png")
+        plots.plot_confusion(p["confusion"], names, d / "confusion_matrix_normalized.png", normalize=True)
+        if p["sample"] is not None:
+            batch, found = p["sample"]
+            from yolov9.train.validate import letterboxed_targets
 
-    def train_one_epoch(self, epoch: int, batches, nb: int, monitor: GpuMonitor) -> dict:
-        """nb batches from the run's batch iterator; returns the epoch's log row (mean losses, rates)."""
-        cfg, hyp, d = self.cfg, self.hyp, self.dist
-        self.model.train()
-        nw = max(round(hyp.warmup_epochs * nb), 100) if hyp.warmup_epochs > 0 else -1  # official minimum: 100
-        accumulate = self._accumulate()
-        mloss = torch.zeros(3, device=self.device)
-        self.optimizer.zero_grad(set_to_none=not self.step.graphs)  # a captured backward owns the gradients
-        bad_losses = torch.zeros((), dtype=torch.int64, device=self.device)  # read once, after the epoch
-        t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
-        bar = tqdm(total=nb, desc=f"epoch {epoch + 1}/{cfg.epochs}", dynamic_ncols=True, disable=not self.main)
-        with bar:
-            for i in range(nb):
-                t0 = time.perf_counter()
-                imgs, _, targets, _, _ = next(batches)
-                t_wait += time.perf_counter() - t0
-                ni = i + nb * epoch
-                if ni <= nw:
-                    target = cfg.accumulate or cfg.nbs / self.batch
-                    accumulate = warmup(self.optimizer, ni, nw, self.lf(epoch), hyp, target)
-                step = ni - self.last_opt_step >= accumulate
-                # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
-                loss, items = self.step.micro(imgs, targets, sync=step)
-                bad_losses += ~torch.isfinite(loss)
-                mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
-                seen += imgs.shape[0] * d.world
-                if step:
-                    self.skipped += self.step.step()
-                    self.last_opt_step = ni
-                if self.main and (i % 10 == 0 or i == nb - 1):
-                    el = time.perf_counter() - t_epoch
-                    b, c, dfl = mloss.tolist()
-                    bar.set_postfix_str(
-                        f"box {b:.3f} cls {c:.3f} dfl {dfl:.3f} | {seen / el:.0f} img/s | "
-                        f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
-                    )
-                bar.update(1)
-        el = time.perf_counter() - t_epoch
-        if int(bad_losses):
-            tqdm.write(f"warning: {int(bad_losses)} non-finite losses in epoch {epoch + 1}; their steps were skipped")
-        box, cls, dfl = distributed.mean(d, mloss).tolist()
-        return {
-            "epoch": epoch,
-            "box": box,
-            "cls": cls,
-            "dfl": dfl,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "images_per_s": seen / el,
-            "data_wait": t_wait / el,
-            "mosaic": epoch < self.train_ds.mosaic_until and hyp.mosaic > 0,
-            "batch": self.batch,
-        }
+            gts = plots.training_batch_boxes(letterboxed_targets(batch, batch.images.shape[2:]), batch.images.shape[2:])
+            plots.plot_batch(batch.images, gts, names, d / "val_batch0_labels.jpg")
+            preds = [_to_letterbox(det, m) for det, m in zip(found, batch.metas)]
+            plots.plot_batch(batch.images, [x[x[:, 4] > 0.25] for x in preds], names, d / "val_batch0_pred.jpg", True)
 
     def _halve_batch(self, epoch: int):
         """After CUDA ran out of memory: the same epoch again at half the batch (a captured graph is dropped)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.state.optimizer.zero_grad(set_to_none=True)
         self.step.reset()
         torch.cuda.empty_cache()
-        if self.batch == 1:
+        if self.state.batch == 1:
             raise torch.OutOfMemoryError("CUDA out of memory at batch 1")
-        self.batch //= 2
-        tqdm.write(f"warning: CUDA out of memory; batch halved to {self.batch}, restarting epoch {epoch + 1}")
+        self.state.batch //= 2
+        tqdm.write(f"warning: CUDA out of memory; batch halved to {self.state.batch}, restarting epoch {epoch + 1}")
         return self._loader(epoch)
 
-    # --- checkpoints ------------------------------------------------------------------------------------------
-    def _meta(self, epoch: int, row: dict) -> dict:
-        return {
-            "epoch": epoch,
-            "map": row.get("map"),
-            "map50": row.get("map50"),
-            "data": self.data_name,
-            "img_size": self.cfg.img,
-        }
 
-    def training_state(self, epoch: int) -> dict:
-        """Everything --resume needs to continue exactly after `epoch` (read back in _setup)."""
-        return {
-            "config": asdict(self.cfg),
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "ema_updates": self.ema.updates,
-            "epoch": epoch,
-            "best_fitness": self.best,
-            "batch": self.batch,
-            "rng": rng_state(),
-        }
-
-    def _save(self, epoch: int, row: dict, fitness: float) -> None:
-        """Rank 0: last.pt with the training state, best.pt when the fitness improved."""
-        improved = fitness > self.best
-        self.best = max(self.best, fitness)
-        meta = self._meta(epoch, row)
-        save_checkpoint(self.dir / "weights" / "last.pt", self.ema.ema, meta, train=self.training_state(epoch))
-        if improved:
-            save_checkpoint(self.dir / "weights" / "best.pt", self.ema.ema, meta)
+def _to_letterbox(det: torch.Tensor, meta) -> torch.Tensor:
+    """Detections in original-image pixels -> the letterboxed input's pixels (to draw on the batch)."""
+    out = det.clone()
+    out[:, [0, 2]] = det[:, [0, 2]] * meta.ratio + meta.pad[0]
+    out[:, [1, 3]] = det[:, [1, 3]] * meta.ratio + meta.pad[1]
+    return out

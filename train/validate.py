@@ -1,5 +1,7 @@
-"""Validation: COCO-standard mAP50-95 / mAP50 with pycocotools, and a per-class AP table. Works with any
-callable that maps a float batch to decoded predictions (a model, or any engine of export/engine.py)."""
+"""Validation: COCO-standard mAP50-95 / mAP50 with pycocotools, precision and recall at the confidence of best
+mean F1, a per-class table, and (for a model in training) the validation losses, the precision/recall/F1 curves,
+a confusion matrix and one batch of predictions for the run folder's plots. Works with any callable that maps a
+float batch to decoded predictions (a model, or any engine of export/engine.py), in a named protocol."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import io
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,8 +17,34 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from tqdm import tqdm
 
-from core.postprocess import main_head, per_image, postprocess_flat
-from train.data.dataset import DetectionDataset
+from yolov9.core.boxes import xywh2xyxy
+from yolov9.core.modules import raw_outputs
+from yolov9.core.postprocess import main_head, per_image, postprocess_flat
+from yolov9.train.data.dataset import Batch, DetectionDataset
+from yolov9.train.data.targets import pad_targets
+from yolov9.train.metrics import confusion_matrix, pr_curves
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How predictions are made and scored: batching, NMS and its thresholds."""
+
+    rect: bool = True  # rectangular batches (stride-aligned shapes per batch of sorted aspect ratios, pad 0.5)
+    multi_label: bool = True  # every class above conf per box, not only the best one
+    conf: float = 0.001
+    iou: float = 0.7
+    max_det: int = 300
+
+    @property
+    def name(self) -> str:
+        kind = "official" if self.rect and self.multi_label else "deployment" if not self.rect else "mixed"
+        parts = ["rectangular batches" if self.rect else "square letterbox of the original image"]
+        parts.append("multi-label NMS" if self.multi_label else "one label per box")
+        return f"{kind} protocol ({', '.join(parts)}; conf {self.conf:g}, IoU {self.iou:g}, at most {self.max_det})"
+
+
+OFFICIAL = Protocol()
+DEPLOYMENT = Protocol(rect=False, multi_label=False)
 
 
 def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> COCO:
@@ -45,41 +74,93 @@ def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) 
     return gt
 
 
+def letterboxed_targets(batch: Batch, hw: tuple[int, int]) -> torch.Tensor:
+    """The batch's targets (normalised to each original image) normalised to the letterboxed input of size hw, padded
+    per image: what the loss takes."""
+    rows = batch.rows.clone()
+    if len(rows):
+        meta = torch.tensor([[*m.orig_hw, m.ratio, *m.pad] for m in batch.metas], dtype=rows.dtype)[rows[:, 0].long()]
+        (h0, w0, r, left, top), (h, w) = meta.unbind(1), hw
+        rows[:, 2] = (rows[:, 2] * w0 * r + left) / w
+        rows[:, 3] = (rows[:, 3] * h0 * r + top) / h
+        rows[:, 4] = rows[:, 4] * w0 * r / w
+        rows[:, 5] = rows[:, 5] * h0 * r / h
+    return pad_targets(rows, len(batch.images))
+
+
+def _device_dtype(predict) -> tuple[torch.device, torch.dtype]:
+    if isinstance(predict, torch.nn.Module):
+        p = next(predict.parameters())
+        return p.device, p.dtype
+    return torch.device(predict.device), predict.dtype
+
+
 @torch.no_grad()
 def evaluate(
     predict: Callable[[torch.Tensor], torch.Tensor],
     loader,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    conf: float = 0.001,
-    iou: float = 0.7,
-    max_det: int = 300,
+    protocol: Protocol = DEPLOYMENT,
     progress: bool = True,
-    multi_label: bool = False,
+    loss_fn: Callable | None = None,
+    plots: bool = False,
 ) -> dict:
     """Runs `predict` over the loader (built on a non-augmenting DetectionDataset) and scores it; the result also
-    holds images/s of the whole pass (decode, engine, NMS)."""
+    holds images/s of the whole pass (decode, engine, NMS). With `loss_fn` (predict is then a model) it adds the
+    validation loss items; with `plots`, the curves, confusion matrix and first batch under 'plots'."""
     ds: DetectionDataset = loader.dataset
-    dets, shapes = [], {}
+    device, dtype = _device_dtype(predict)
+    dets, shapes, per_image_dets, losses, sample = [], {}, {}, [], None
     t0 = time.perf_counter()
-    for imgs, _, _, idx, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
-        x = imgs.to(device, non_blocking=True).to(dtype) / 255
-        # the loader carries each image's letterbox meta
-        flat = postprocess_flat(main_head(predict(x)).float(), metas, conf, iou, max_det, multi_label=multi_label)
-        for det, i, meta in zip(per_image(flat), idx.tolist(), metas):
-            shapes[i] = meta.orig_hw
-            for x1, y1, x2, y2, s, c in det.cpu().tolist():
+    for batch in tqdm(loader, desc="val", leave=False, disable=not progress):
+        x = batch.images.to(device, non_blocking=True).to(dtype) / 255
+        if loss_fn is not None:  # the head's raw maps give the loss, and decode to what eval mode returns
+            with raw_outputs(predict):
+                raw = predict(x)
+            losses.append(loss_fn(raw, letterboxed_targets(batch, x.shape[2:]).to(device), padded=True)[1])
+            pred = (predict.head if hasattr(predict, "head") else predict).decode_all(raw)
+        else:
+            pred = predict(x)
+        p = protocol
+        flat = postprocess_flat(
+            main_head(pred).float(), batch.metas, p.conf, p.iou, p.max_det, multi_label=p.multi_label
+        )
+        found = [d.cpu() for d in per_image(flat)]
+        if plots and sample is None:
+            sample = (batch, found)
+        for det, i, meta in zip(found, batch.indices.tolist(), batch.metas):
+            shapes[i], per_image_dets[i] = meta.orig_hw, det
+            for x1, y1, x2, y2, s, c in det.tolist():
                 dets.append([i, x1, y1, x2 - x1, y2 - y1, s, int(c)])
     seconds = time.perf_counter() - t0
-    return {**score(ds, shapes, dets), "images_per_s": len(shapes) / max(seconds, 1e-9)}
+    res, ev = score(ds, shapes, dets)
+    res["images_per_s"] = len(shapes) / max(seconds, 1e-9)
+    if losses:
+        res.update(zip(("val_box", "val_cls", "val_dfl"), torch.stack(losses).mean(0).tolist()))
+    if plots:
+        gts = [_pixel_labels(ds, i, shapes[i]) for i in per_image_dets]
+        res["plots"] = {
+            "curves": pr_curves(ev) if ev is not None else None,
+            "confusion": confusion_matrix(list(per_image_dets.values()), gts, len(ds.names)),
+            "sample": sample,
+        }
+    return res
 
 
-def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> dict:
+def _pixel_labels(ds: DetectionDataset, i: int, hw: tuple[int, int]) -> torch.Tensor:
+    """Image i's labels as (n, 5) class, x1, y1, x2, y2 in its original pixels."""
+    lab = torch.from_numpy(ds.labels[i].copy())
+    h, w = hw
+    return torch.cat((lab[:, :1], xywh2xyxy(lab[:, 1:] * torch.tensor([w, h, w, h]))), 1)
+
+
+def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[dict, COCOeval | None]:
+    """mAP50-95, mAP50, P and R at the best-F1 confidence, and per class the same, from pycocotools."""
     gt = coco_ground_truth(ds, shapes)
     n_gt = len(gt.dataset["annotations"])
-    result = {"map": 0.0, "map50": 0.0, "per_class": {}, "images": len(shapes), "instances": n_gt}
+    result = {"map": 0.0, "map50": 0.0, "precision": 0.0, "recall": 0.0, "per_class": {}}
+    result.update(images=len(shapes), instances=n_gt)
     if not dets or not n_gt:
-        return result
+        return result, None
     with contextlib.redirect_stdout(io.StringIO()):
         pred = gt.loadRes(np.array(dets, dtype=np.float64))
         ev = COCOeval(gt, pred, "bbox")
@@ -87,26 +168,30 @@ def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> dict:
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    result["map"], result["map50"] = float(ev.stats[0]), float(ev.stats[1])
+    curves = pr_curves(ev)
+    result.update(map=float(ev.stats[0]), map50=float(ev.stats[1]))
+    result.update(precision=curves["mean_p"], recall=curves["mean_r"])
     prec = ev.eval["precision"]  # (iou thresholds, recall, classes, areas, max dets)
     for k, cat in enumerate(ev.params.catIds):
-        p = prec[:, :, k, 0, -1]
-        p50 = prec[0, :, k, 0, -1]
-        n = sum(1 for a in gt.dataset["annotations"] if a["category_id"] == cat)
-        if n:
+        p, p50 = prec[:, :, k, 0, -1], prec[0, :, k, 0, -1]
+        if curves["instances"][k]:
             result["per_class"][ds.names[cat]] = {
-                "instances": n,
-                "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
+                "instances": int(curves["instances"][k]),
+                "p": float(curves["p_at_best"][k]),
+                "r": float(curves["r_at_best"][k]),
                 "ap50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else 0.0,
+                "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
             }
-    return result
+    return result, ev
 
 
 def format_table(res: dict) -> str:
-    rows = [
-        f"{'class':<20}{'instances':>10}{'AP50':>8}{'AP50-95':>9}",
-        f"{'all':<20}{res['instances']:>10}{res['map50']:>8.3f}{res['map']:>9.3f}",
-    ]
+    """The per-class table (as Ultralytics prints it): images, instances, P, R, mAP50, mAP50-95."""
+    head = f"{'class':<20}{'images':>8}{'instances':>11}{'P':>8}{'R':>8}{'mAP50':>8}{'mAP50-95':>10}"
+    rows = [head, f"{'all':<20}{res['images']:>8}{res['instances']:>11}{res['precision']:>8.3f}"
+            f"{res['recall']:>8.3f}{res['map50']:>8.3f}{res['map']:>10.3f}"]  # fmt: skip
     for name, r in sorted(res["per_class"].items(), key=lambda kv: -kv[1]["instances"]):
-        rows.append(f"{name:<20}{r['instances']:>10}{r['ap50']:>8.3f}{r['ap']:>9.3f}")
+        rows.append(
+            f"{name:<20}{'':>8}{r['instances']:>11}{r['p']:>8.3f}{r['r']:>8.3f}{r['ap50']:>8.3f}{r['ap']:>10.3f}"
+        )
     return "\n".join(rows)

@@ -28,10 +28,10 @@ def _all_parsers(p: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from export import cli as export_cli
-    from serve import cli as serve_cli
-    from train import cli as train_cli
     from yolov9 import quickstart, val
+    from yolov9.export import cli as export_cli
+    from yolov9.serve import cli as serve_cli
+    from yolov9.train import cli as train_cli
 
     p = argparse.ArgumentParser(prog="yolov9", description="Train, export, serve and load-test YOLOv9 detectors.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -53,15 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for commands that start others
+    from yolov9.core.errors import UsageError
+
     try:
         args.func(args)
         return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as e:
-        # user-facing errors (bad file, bad input, missing dependency) end in one line, not a traceback
+    except UsageError as e:  # a mistake the user can fix: one line, no traceback
         if "YOLOV9_DEBUG" in os.environ:
             raise
         print(f"yolov9 {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception:  # a bug or a failure of the machine: its traceback, under one line saying what was running
+        print(f"yolov9 {args.command}: failed running `yolov9 {' '.join(args.argv)}`:", file=sys.stderr)
+        raise

@@ -10,8 +10,9 @@ import os
 def quickstart(args: argparse.Namespace) -> dict:
     import torch
 
-    from serve.stack import serve_once
-    from train.trainer import TrainConfig, Trainer
+    from yolov9.serve.stack import serve_once
+    from yolov9.train.config import TrainConfig
+    from yolov9.train.trainer import Trainer
 
     gpu = torch.cuda.is_available()
     cfg = TrainConfig(

@@ -9,18 +9,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from yolov9.core.errors import BadInput, MissingInput, Unavailable
+
 ENGINE_FILES = {"onnx": ".onnx", "aoti": ".pt2", "trt": ".plan"}  # --engines names exported beside the weights
 
 
 def _protocol(args: argparse.Namespace):
-    from export.evaluate import Protocol
+    from yolov9.export.evaluate import Protocol
 
     return Protocol(not args.square, not args.single_label, args.conf, args.iou, args.max_det)
 
 
 def _trained_on(weights: str | None) -> str | None:
     """The dataset a checkpoint or engine records (None: the default data), said in one line."""
-    from export.engine import weights_meta
+    from yolov9.export.engine import weights_meta
 
     if not weights:
         return None
@@ -31,7 +33,7 @@ def _trained_on(weights: str | None) -> str | None:
 
 
 def _report(res: dict, ds, engine_names: list[str], out: str | None) -> None:
-    from train.validate import format_table
+    from yolov9.train.validate import format_table
 
     if len(ds.names) != len(engine_names):
         print(f"warning: the model has {len(engine_names)} classes and the data {len(ds.names)}", file=sys.stderr)
@@ -42,8 +44,8 @@ def _report(res: dict, ds, engine_names: list[str], out: str | None) -> None:
 
 
 def _val_one(args: argparse.Namespace) -> None:
-    from export.engine import engine_spec, load_engine
-    from export.evaluate import load_val_split, score_engine
+    from yolov9.export.engine import engine_spec, load_engine
+    from yolov9.export.evaluate import load_val_split, score_engine
 
     spec = engine_spec(args.engine, args.weights)
     engine = load_engine(spec, device=args.device, img_size=args.img, half=args.half)
@@ -62,9 +64,9 @@ def _val_one(args: argparse.Namespace) -> None:
 
 def _val_url(args: argparse.Namespace) -> None:
     """The deployment at --url scored on the dataset's original files, as a client sends them."""
-    from export.evaluate import DEPLOYMENT, load_val_split
-    from serve.endpoint import detect_files, original_sizes
-    from train.validate import score
+    from yolov9.export.evaluate import DEPLOYMENT, load_val_split
+    from yolov9.serve.endpoint import detect_files, original_sizes
+    from yolov9.train.validate import score
 
     # only the ground truth is used: the server letterboxes the files itself
     ds = load_val_split(args.data or _trained_on(args.weights), args.split, args.img or 640, DEPLOYMENT)
@@ -84,11 +86,11 @@ def _val_table(args: argparse.Namespace) -> None:
     PyTorch fp32 in the official one."""
     import torch
 
-    from export.engine import load_engine
-    from export.evaluate import load_val_split, score_engine
+    from yolov9.export.engine import load_engine
+    from yolov9.export.evaluate import load_val_split, score_engine
 
     if not args.weights:
-        raise ValueError("--engines needs WEIGHTS (the engines are looked up beside them)")
+        raise BadInput("--engines needs WEIGHTS (the engines are looked up beside them)")
     deploy, data = replace(_protocol(args), rect=False, multi_label=False), args.data or _trained_on(args.weights)
     rows, datasets = [], {}
     for name in [n.strip() for n in args.engines.split(",") if n.strip()] + ["torch-fp32-official"]:
@@ -117,14 +119,14 @@ def _open(name: str, args: argparse.Namespace, load_engine, cuda: bool):
     if name.startswith("torch"):
         half = "fp16" in name
         if half and not cuda:
-            raise RuntimeError("fp16 PyTorch needs a CUDA GPU")
+            raise Unavailable("fp16 PyTorch needs a CUDA GPU")
         return load_engine(args.weights, device=args.device, half=half, img_size=args.img)
     kind = name.split("-")[0]
     if kind not in ENGINE_FILES:
-        raise ValueError(f"unknown engine {name}: choose torch-fp32, torch-fp16, {', '.join(ENGINE_FILES)}")
+        raise BadInput(f"unknown engine {name}: choose torch-fp32, torch-fp16, {', '.join(ENGINE_FILES)}")
     path = Path(args.weights).with_suffix(ENGINE_FILES[kind])
     if not path.exists():
-        raise FileNotFoundError(f"no {path.name} beside the weights: yolov9 export {kind} {args.weights}")
+        raise MissingInput(f"no {path.name} beside the weights: yolov9 export {kind} {args.weights}")
     return load_engine(path, device=args.device)
 
 

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from train.loss import TaskAlignedAssigner
+from yolov9.train.loss import TaskAlignedAssigner
 
 
 def main() -> None:

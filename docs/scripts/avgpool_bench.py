@@ -8,8 +8,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from core.model import DetectionModel
-from core.modules import AConv, ADown, _ShiftAvgPool2x2
+from yolov9.core.model import DetectionModel
+from yolov9.core.modules import AConv, ADown, _ShiftAvgPool2x2
 
 
 def pool_inputs(cfg: str) -> list[tuple[int, ...]]:

@@ -45,7 +45,7 @@ mkdir -p "$W"
 python3 - "$DATA/coco128" "$W" "$REPEAT" <<'PY'
 import json, sys
 from pathlib import Path
-from core.coco_names import COCO_NAMES
+from yolov9.core.coco_names import COCO_NAMES
 src, dst, n = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), int(sys.argv[3])
 files = sorted(p for p in (src / "images").rglob("*.jpg"))
 (dst / "train.txt").write_text("".join(f"{f}\n" for _ in range(n) for f in files))

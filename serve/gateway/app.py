@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serve.gateway import errors, metrics
-from serve.gateway.backend import TritonPool
-from serve.gateway.routers import detect, service
-from serve.gateway.schemas import ErrorBody
-from serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway import errors, metrics
+from yolov9.serve.gateway.backend import TritonPool
+from yolov9.serve.gateway.routers import detect, service
+from yolov9.serve.gateway.schemas import ErrorBody
+from yolov9.serve.gateway.settings import Settings, get_settings
 
 
 class ObserveMiddleware:

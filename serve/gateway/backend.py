@@ -11,6 +11,8 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from yolov9.core.errors import BadInput
+
 
 class BackendError(Exception):
     """kind: 'unavailable' (503), 'timeout' (504), 'bad_image' (400), 'internal' (500)."""
@@ -35,7 +37,7 @@ def classify(e: Exception) -> BackendError:
 class TritonPool:
     def __init__(self, urls: list[str], model: str, timeout_s: float = 30.0):
         if not urls:
-            raise ValueError("no Triton endpoint given")
+            raise BadInput("no Triton endpoint given")
         self.urls, self.model, self.timeout_s = urls, model, timeout_s
         # short reconnect backoff: after a Triton restart the gateway recovers within about a second
         args = [

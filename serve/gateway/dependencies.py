@@ -8,11 +8,11 @@ import secrets
 
 from fastapi import Depends, File, Query, Request, UploadFile
 
-from core.image_io import ImageError, image_size
-from serve.gateway.backend import TritonPool
-from serve.gateway.errors import GatewayError
-from serve.gateway.schemas import DetectParams
-from serve.gateway.settings import Settings, get_settings
+from yolov9.core.image_io import ImageError, image_size
+from yolov9.serve.gateway.backend import TritonPool
+from yolov9.serve.gateway.errors import GatewayError
+from yolov9.serve.gateway.schemas import DetectParams
+from yolov9.serve.gateway.settings import Settings, get_settings
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
 

@@ -6,8 +6,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from serve.gateway import metrics
-from serve.gateway.backend import BackendError
+from yolov9.serve.gateway import metrics
+from yolov9.serve.gateway.backend import BackendError
 
 BACKEND_STATUS = {"bad_image": 400, "unavailable": 503, "timeout": 504, "internal": 500}
 

@@ -10,8 +10,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from core.paths import PACKAGE_ROOT
-from serve.processes import ManagedProcess
+from yolov9.core.errors import Unavailable
+from yolov9.core.paths import PACKAGE_ROOT
+from yolov9.serve.processes import ManagedProcess
 
 
 class GatewayProcess(ManagedProcess):
@@ -49,10 +50,10 @@ class GatewayProcess(ManagedProcess):
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
-        from serve.gateway import workers
+        from yolov9.serve.gateway import workers
 
         if self.workers > 1 and workers.supported():  # one SO_REUSEPORT socket per worker: even connection spread
-            cmd = [sys.executable, "-m", "serve.gateway.workers", "--workers", str(self.workers)]
+            cmd = [sys.executable, "-m", "yolov9.serve.gateway.workers", "--workers", str(self.workers)]
             cmd += ["--host", self.host, "--port", str(self.port), "--log-level", "warning"]
         else:
             cmd = [sys.executable, "-m", "uvicorn", workers.APP, "--factory", "--host", self.host]
@@ -63,11 +64,11 @@ class GatewayProcess(ManagedProcess):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with code {self.proc.returncode}")
+                raise Unavailable(f"gateway exited with code {self.proc.returncode}")
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
                     return self
             except OSError:
                 time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"gateway not answering after {timeout:.0f} s")
+        raise Unavailable(f"gateway not answering after {timeout:.0f} s")

@@ -18,7 +18,9 @@ import socket
 import sys
 import time
 
-APP = "serve.gateway.app:app"
+from yolov9.core.errors import Unavailable
+
+APP = "yolov9.serve.gateway.app:app"
 
 
 def supported() -> bool:
@@ -34,7 +36,7 @@ def reuseport_sockets(host: str, port: int, n: int, backlog: int = 2048) -> list
         try:
             probe.bind((host, port))
         except OSError as e:
-            raise OSError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+            raise Unavailable(f"cannot listen on {host}:{port}: {e.strerror}") from None
     socks = []
     for _ in range(n):
         s = socket.socket(family, socket.SOCK_STREAM)
@@ -117,7 +119,7 @@ def main() -> int:
     args = p.parse_args()
     try:
         return supervise(args.host, args.port, args.workers, args.log_level)
-    except OSError as e:
+    except (Unavailable, OSError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
 

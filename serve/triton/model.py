@@ -10,7 +10,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
-from serve.detector import Detector, Request
+from yolov9.serve.detector import Detector, Request
 
 
 def _input(request, name):

@@ -7,8 +7,8 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from core.postprocess import per_image, postprocess_flat
-from core.preprocess import LetterboxMeta
+from yolov9.core.postprocess import per_image, postprocess_flat
+from yolov9.core.preprocess import LetterboxMeta
 
 
 class TritonPythonModel:

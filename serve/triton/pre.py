@@ -1,5 +1,5 @@
 """Triton python model before a tensorrt_plan engine: encoded bytes -> letterboxed fp16 images + META
-(orig h, orig w, ratio, pad left, pad top). Same preprocessing as everywhere else (train/preprocess.py)."""
+(orig h, orig w, ratio, pad left, pad top). Same preprocessing as everywhere else (core/preprocess.py)."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from core.preprocess import ImageError, decode_image, letterbox
+from yolov9.core.preprocess import ImageError, decode_image, letterbox
 
 
 class TritonPythonModel:

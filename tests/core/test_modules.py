@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from core.modules import _ShiftAvgPool2x2
+from yolov9.core.modules import _ShiftAvgPool2x2
 
 
 def test_shifted_sum_pool_is_avg_pool2d_forward_and_backward():

@@ -14,14 +14,14 @@ import onnx
 import pytest
 import torch
 
-from core.checkpoint import load_model, save_checkpoint
-from core.model import DetectionModel
-from core.postprocess import nms_flat, per_image
-from core.preprocess import decode_image, prepare_batch, to_input
-from export.engine import engine_spec, load_engine
-from export.onnx_export import OnnxEngine, export_onnx
-from export.torch_engine import TorchEngine
 from tests.conftest import rel_l2, requires_cuda
+from yolov9.core.checkpoint import load_model, save_checkpoint
+from yolov9.core.model import DetectionModel
+from yolov9.core.postprocess import nms_flat, per_image
+from yolov9.core.preprocess import decode_image, prepare_batch, to_input
+from yolov9.export.engine import engine_spec, load_engine
+from yolov9.export.onnx_export import OnnxEngine, export_onnx
+from yolov9.export.torch_engine import TorchEngine
 
 
 def _coco_batch(coco48, n=4, size=320):
@@ -75,6 +75,28 @@ def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco48):
             assert match.any(), (i, det)
         assert abs(n - len(r)) <= max(1, len(r) // 20)
         assert torch.all(scores[i, n:] == 0) and torch.all(boxes[i, n:] == 0)
+
+
+class _TiedScores(torch.nn.Module):
+    """Two anchors: the first scores 0.6 for classes 0 and 1 alike (a tie), the second 0.3 for class 0."""
+
+    def forward(self, x):
+        pred = torch.tensor([[[10.0, 50.0], [10.0, 50.0], [4.0, 4.0], [4.0, 4.0], [0.6, 0.3], [0.6, 0.1]]])
+        return pred.expand(x.shape[0], -1, -1) + x.mean() * 0
+
+
+def test_end2end_nms_keeps_a_tied_anchor_once(tmp_path):
+    import onnxruntime as ort
+
+    from yolov9.export.onnx_export import End2End
+
+    path = tmp_path / "tied.onnx"
+    net = End2End(_TiedScores(), 0.25, 0.45, 10)
+    torch.onnx.export(net, torch.zeros(1, 3, 8, 8), str(path), input_names=["images"], dynamo=False)
+    num, _, scores, classes = ort.InferenceSession(str(path)).run(None, {"images": np.zeros((1, 3, 8, 8), np.float32)})
+    assert int(num[0, 0]) == 2
+    np.testing.assert_allclose(scores[0, :2], [0.6, 0.3], rtol=1e-6)
+    assert classes[0, :2].tolist() == [0, 0]
 
 
 def test_engine_interface_same_results_for_torch_and_onnx(trained_tiny, tmp_path, coco48):
@@ -180,7 +202,7 @@ def test_cxx_front_links_the_shared_cxx_runtime(tmp_path):
     """The H200 AOTI crash in miniature: a library with its own static C++ runtime, loaded next to PyTorch's
     libstdc++, breaks std::regex. Built through the export's g++ front, the same flags give a library that needs
     libstdc++.so and works in a process that has torch loaded."""
-    from export.aoti import elf_needs_libstdcxx, write_cxx_front
+    from yolov9.export.aoti import elf_needs_libstdcxx, write_cxx_front
 
     src = tmp_path / "rx.cpp"
     src.write_text(_REGEX_LIB)
@@ -196,7 +218,7 @@ def test_cxx_front_links_the_shared_cxx_runtime(tmp_path):
 
 
 def test_inductor_option_flags_parse_as_python_literals():
-    from export.cli import _inductor_configs
+    from yolov9.export.cli import _inductor_configs
 
     got = _inductor_configs(["aot_inductor.package_constants_in_so=False", "max_autotune=True", "mode=default"])
     assert got == {"aot_inductor.package_constants_in_so": False, "max_autotune": True, "mode": "default"}
@@ -207,7 +229,7 @@ def test_inductor_option_flags_parse_as_python_literals():
 def test_cuda_packages_default_to_frozen_channels_last():
     import torch._inductor.config as inductor_config
 
-    from export.aoti import CUDA_DEFAULTS, inductor_options
+    from yolov9.export.aoti import CUDA_DEFAULTS, inductor_options
 
     # both keys must still be Inductor options in this torch (a rename would silently drop the speed-up)
     assert all(hasattr(inductor_config, k) for k in CUDA_DEFAULTS)
@@ -222,7 +244,7 @@ def test_cuda_packages_default_to_frozen_channels_last():
 
 @requires_cuda
 def test_aoti_cuda_fp16_matches_fp32(trained_tiny, tmp_path, coco48):
-    from export.aoti import export_aoti
+    from yolov9.export.aoti import export_aoti
 
     pt2 = export_aoti(trained_tiny, tmp_path / "m.pt2", img=160, max_batch=16)
     x = _coco_batch(coco48, 8, 160).cuda()
@@ -244,7 +266,7 @@ def _has_tensorrt() -> bool:
     reason="TensorRT is not installed here (it cannot be installed on our machines) or there is no CUDA GPU",
 )
 def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco48):
-    from export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
+    from yolov9.export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
 
     onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160, half=needs_fp16_onnx())
     plan = build_engine(onnx_path, tmp_path / "t.plan", 1, 4, 8, 1.0, tmp_path / "cache")

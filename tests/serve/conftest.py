@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.checkpoint import save_checkpoint
-from core.coco_names import COCO_NAMES
-from core.model import DetectionModel
-from serve.gateway.process import GatewayProcess
-from serve.repository import build_repo
-from serve.triton_server import TritonServer
+from yolov9.core.checkpoint import save_checkpoint
+from yolov9.core.coco_names import COCO_NAMES
+from yolov9.core.model import DetectionModel
+from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.repository import build_repo
+from yolov9.serve.triton_server import TritonServer
 
 IMG = 320
 CONF = 1e-5  # a seeded random model scores about 1e-5: low thresholds give real, comparable detections

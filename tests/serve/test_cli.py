@@ -23,7 +23,7 @@ def test_preferred_batch_flag_parses_lists_and_none(capsys):
 def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
 
-    from serve.stack import serve_once
+    from yolov9.serve.stack import serve_once
 
     from .conftest import CONF, IMG, free_port
 
@@ -39,9 +39,9 @@ def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path)
     request gets the PyTorch model's detections."""
     import numpy as np
 
-    from serve.cli import SAMPLES
-    from serve.detector import Detector, Request
-    from serve.stack import serve_once
+    from yolov9.serve.cli import SAMPLES
+    from yolov9.serve.detector import Detector, Request
+    from yolov9.serve.stack import serve_once
 
     from .conftest import free_port
 

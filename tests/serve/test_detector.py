@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from serve.detector import Detector, Request, graph_buckets
+from yolov9.serve.detector import Detector, Request, graph_buckets
 
 
 def test_graph_buckets_cover_every_batch_size():

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from core.coco_names import COCO_NAMES
-from serve.detector import Detector, Request
-from serve.gateway.process import GatewayProcess
 from tests.serve.conftest import CONF, IMG, free_port
+from yolov9.core.coco_names import COCO_NAMES
+from yolov9.serve.detector import Detector, Request
+from yolov9.serve.gateway.process import GatewayProcess
 
 
 def _coco_images(coco48, n: int) -> list[bytes]:

@@ -7,7 +7,7 @@ import json
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serve.repository import build_repo, read_config, write_config
+from yolov9.serve.repository import build_repo, read_config, write_config
 
 
 def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
@@ -69,11 +69,11 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
     import torch
     import tritonclient.grpc as grpcclient
 
-    from core.checkpoint import load_model
-    from export.torch_engine import TorchEngine
-    from serve.detector import Detector, Request
-    from serve.triton_server import TritonServer
     from tests.serve.conftest import free_port
+    from yolov9.core.checkpoint import load_model
+    from yolov9.export.torch_engine import TorchEngine
+    from yolov9.serve.detector import Detector, Request
+    from yolov9.serve.triton_server import TritonServer
 
     build_repo(trained_tiny, tmp_path / "repo", "det", max_batch=8, kind="cpu", img_size=160, trt_variant=True)
     post = read_config(tmp_path / "repo" / "det_post")

@@ -9,8 +9,8 @@ import sys
 import pytest
 import yaml
 
-from serve.stack import ServingStack, StackConfig
 from tests.serve.conftest import free_port
+from yolov9.serve.stack import ServingStack, StackConfig
 
 
 def _map(stdout: str) -> tuple[float, float]:

@@ -16,10 +16,10 @@ import psutil
 import pytest
 import torch
 
-from serve.gateway import workers
-from serve.gateway.process import GatewayProcess
-from serve.mps import MpsDaemon
 from tests.serve.conftest import free_port
+from yolov9.serve.gateway import workers
+from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.mps import MpsDaemon
 
 
 def _connections_per_worker(gw: GatewayProcess) -> dict[int, int]:

@@ -2,8 +2,8 @@ import pytest
 import torch
 import torchvision
 
-from core.boxes import scale_boxes_back, xywh2xyxy
-from core.postprocess import nms_flat, per_image
+from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
+from yolov9.core.postprocess import nms_flat, per_image
 
 
 def _reference(pred, conf, iou, max_det):

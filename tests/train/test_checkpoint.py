@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.checkpoint import CheckpointError, convert, load_model, read_checkpoint
 from tests.conftest import rel_l2
+from yolov9.core.checkpoint import CheckpointError, convert, load_model, read_checkpoint, save_checkpoint
 
 
 def test_convert_then_load_with_weights_only(interop, tmp_path):
@@ -136,7 +136,7 @@ def test_unstripped_official_checkpoint_with_numpy_scalars_loads(tmp_path):
     """An interrupted official run's last.pt: model and EMA as fp16 modules, optimizer state, numpy scalars."""
     import copy
 
-    from core.model import DetectionModel
+    from yolov9.core.model import DetectionModel
 
     torch.manual_seed(0)
     ours = DetectionModel("gelan-t").train()
@@ -171,3 +171,38 @@ def test_numpy_arrays_and_other_numpy_globals_stay_refused(tmp_path):
     torch.save({"model": None, "x": np.zeros(3)}, path)
     with pytest.raises(CheckpointError, match="_reconstruct|refused"):
         read_checkpoint(path)
+
+
+def test_a_failed_checkpoint_write_names_the_file_keeps_the_old_one_and_leaves_no_partial(tmp_path):
+    """A real failing write (the process's file size limit stops it part-way, as a full disk does): one line that
+    says which file and why, the previous checkpoint unchanged, no .tmp left behind."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from yolov9.core.model import DetectionModel
+
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, DetectionModel("gelan-t"), {"epoch": 1})
+    before = path.read_bytes()
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        from yolov9.core.checkpoint import save_checkpoint
+        from yolov9.core.model import DetectionModel
+        from yolov9.core.errors import UsageError
+        try:
+            save_checkpoint({str(path)!r}, DetectionModel("gelan-s"), {{"epoch": 2}})
+        except UsageError as e:
+            print(e)
+            sys.exit(3)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 3, run.stderr
+    assert f"could not write {path}: the process's file size limit (ulimit -f) is 1 MiB" in run.stdout
+    assert "the previous last.pt is unchanged" in run.stdout
+    assert path.read_bytes() == before
+    assert not path.with_suffix(".pt.tmp").exists()

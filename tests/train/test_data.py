@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
-from core.paths import sample_images
-from train.data.dataset import DetectionDataset, EpochBatchSampler, build_loader
-from train.data.formats import load_split, resolve_data
+from yolov9.core.errors import BadInput
+from yolov9.core.paths import sample_images
+from yolov9.train.data.dataset import DetectionDataset, EpochBatchSampler, build_loader
+from yolov9.train.data.formats import load_split, resolve_data
 
 
 def test_yolo_folder_loads_with_background_report(coco48):
@@ -91,7 +92,7 @@ def messy_dataset(coco48, tmp_path) -> Path:
     (root / "images" / src[0].name).write_bytes(data[: len(data) // 2])  # truncated
     (root / "images" / "notes.jpg").write_text("not an image")
     (root / "labels" / "notes.txt").write_text("0 0.5 0.5 0.1 0.1\n")
-    (root / "labels" / f"{src[1].stem}.txt").write_text("0 0.5 0.5 0.2 0.2\n99 0.5 0.5 0.2 0.2\n3 1.8 0.5 0.2 0.2\n")
+    (root / "labels" / f"{src[1].stem}.txt").write_text("0 0.5 0.5 0.2 0.2\n3 1.8 0.5 0.2 0.2\n")
     (root / "labels" / f"{src[2].stem}.txt").write_text("")
     (root / "labels" / f"{src[3].stem}.txt").unlink(missing_ok=True)
     (root / "labels" / f"{src[4].stem}.txt").write_text("garbage line\n")
@@ -119,8 +120,59 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     assert [rows[s] for s in stems[1:5]] == [1, 0, 0, 0]
     assert rows[stems[5]] == len((messy_dataset / "labels" / f"{stems[5]}.txt").read_text().split("\n")) - 1
     loader = build_loader(ds, 4, 0, True, epochs=1)
-    seen = sum(b[0].shape[0] for b in loader)
+    seen = sum(b.images.shape[0] for b in loader)
     assert seen == 5
+    full = ds.problems.summary(full=True)  # data_problems.txt: every file, with its path
+    assert str(messy_dataset / "images" / "notes.jpg") in full and "..." not in full
+
+
+def _yolo_set(root: Path, coco48: Path, n: int, names: int, labels: bool = True) -> Path:
+    """n coco48 images as a YOLO folder with a data.yaml of `names` classes (COCO class ids kept)."""
+    (root / "images").mkdir(parents=True)
+    for img in sorted((coco48 / "images").glob("*.jpg"))[:n]:
+        shutil.copy(img, root / "images" / img.name)
+        lab = coco48 / "labels" / f"{img.stem}.txt"
+        if labels and lab.exists():
+            (root / "labels").mkdir(exist_ok=True)
+            shutil.copy(lab, root / "labels" / lab.name)
+    (root / "data.yaml").write_text(f"path: .\ntrain: images\nval: images\nnames: {[f'c{i}' for i in range(names)]}\n")
+    return root
+
+
+def test_class_ids_beyond_the_names_stop_with_the_id_the_count_and_a_file(coco48, tmp_path):
+    root = _yolo_set(tmp_path / "few", coco48, 8, names=3)
+    with pytest.raises(BadInput, match=r"labels/\S+\.txt: label class \d+ exceeds nc=3 .*label files use class ids"):
+        load_split(resolve_data(root / "data.yaml"), "train")
+
+
+def test_a_split_without_boxes_stops_unless_allowed(coco48, tmp_path):
+    from yolov9.train.data.formats import require_boxes
+
+    root = _yolo_set(tmp_path / "nolabels", coco48, 4, names=80, labels=False)
+    spec = resolve_data(root / "data.yaml")
+    index = load_split(spec, "train")
+    with pytest.raises(BadInput, match=r"train: 4 images and no boxes \(no label files: expected e\.g\. .*labels/"):
+        require_boxes(index, spec, "train", allow_empty=False)
+    assert require_boxes(index, spec, "train", allow_empty=True) is index
+
+
+def test_a_folder_with_a_data_yaml_uses_it(coco48, tmp_path):
+    root = _yolo_set(tmp_path / "withyaml", coco48, 4, names=80)
+    (root / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [a, b]\n")
+    spec = resolve_data(root)
+    assert spec["names"] == ["a", "b"] and spec["name"] == "data"
+    (root / "data.yaml").rename(root / "mine.yaml")
+    assert resolve_data(root)["name"] == "mine"
+    (root / "other.yml").write_text("path: .\ntrain: images\nnames: [x]\n")
+    with pytest.raises(BadInput, match="holds 2 YAML files"):
+        resolve_data(root)
+
+
+def test_yaml_errors_keep_their_line_and_column(tmp_path):
+    bad = tmp_path / "tab.yaml"
+    bad.write_text("path: .\ntrain: images\nnames:\n\t- a\n")
+    with pytest.raises(BadInput, match=r"tab\.yaml:4:1: not valid YAML: .*tab"):
+        resolve_data(bad)
 
 
 def test_augmented_samples_are_deterministic_per_epoch(coco48):
@@ -176,7 +228,7 @@ def test_loader_keys_carry_the_epoch(coco48):
 
 
 def test_decode_images_keeps_going_past_bad_ones(coco48):
-    from core.preprocess import ImageError, decode_images
+    from yolov9.core.preprocess import ImageError, decode_images
 
     good = sorted((coco48 / "images").glob("*.jpg"))[0].read_bytes()
     out = decode_images([good, b"junk" * 20, good[: len(good) // 4], good])
@@ -186,7 +238,7 @@ def test_decode_images_keeps_going_past_bad_ones(coco48):
 
 
 def test_prepare_batch_equals_letterbox_image_by_image():
-    from core.preprocess import decode_image, letterbox, prepare_batch
+    from yolov9.core.preprocess import decode_image, letterbox, prepare_batch
 
     shipped = [decode_image(f) for f in sorted(sample_images())]
     # repeated sizes (one resize per size), an exact fit, an upscale, a tall and a wide crop
@@ -244,11 +296,11 @@ def test_named_dataset_lookup_and_the_shipped_default(tmp_path, monkeypatch, cap
         resolve_data("no_such_set")
     spec = resolve_data("coco48")
     assert spec["format"] == "yolo" and spec["name"] == "coco48"
-    import core.paths
-    import train.data.formats as formats
+    import yolov9.train.data.formats as formats
+    from yolov9.core import paths
 
     monkeypatch.setattr(formats, "PACKAGE_ROOT", tmp_path / "pkg")  # hide the checkout's ../shared
-    assert resolve_data(None)["root"] == core.paths.SHIPPED_DATASETS / "coco48"
+    assert resolve_data(None)["root"] == paths.SHIPPED_DATASETS / "coco48"
     assert "using the shipped sample coco48" in capsys.readouterr().out
     (tmp_path / "coco128" / "images").mkdir(parents=True)
     assert resolve_data(None)["root"] == tmp_path / "coco128"
@@ -269,7 +321,7 @@ def _official_batch_shapes(hw: np.ndarray, batch: int, img: int, stride: int = 3
 def test_rect_batches_equal_the_official_definition(tmp_path):
     from PIL import Image
 
-    from train.data.dataset import rect_batches
+    from yolov9.train.data.dataset import RectBatchSampler
 
     sizes = [
         (640, 480),
@@ -287,12 +339,14 @@ def test_rect_batches_equal_the_official_definition(tmp_path):
         Image.new("RGB", (w, h), (k * 20, 90, 160)).save(tmp_path / "images" / f"{k:02d}.jpg")
     (tmp_path / "d.yaml").write_text("path: .\ntrain: images\nnames: [a]\n")
     ds = DetectionDataset(load_split(resolve_data(tmp_path / "d.yaml"), "val"), 320)
-    batches = rect_batches(ds, 4)
+    sampler = RectBatchSampler(ds, 4)
     order, shapes = _official_batch_shapes(np.array([(h, w) for w, h in sizes], float), 4, 320)
-    assert [i for b in batches for i in b] == order.tolist()
-    for k, b in enumerate(batches):
-        assert {ds.eval_shapes[i] for i in b} == {tuple(shapes[k])}
+    assert [i for b in sampler.batches for i in b] == order.tolist()
+    for k, b in enumerate(sampler.batches):
+        assert {sampler.shapes[i] for i in b} == {tuple(shapes[k])}
     loader = build_loader(ds, 4, 0, False, rect=True)
-    for imgs, _, _, idx, metas in loader:  # every image of a batch in its batch's shape, boxes mapped back
-        assert tuple(imgs.shape[2:]) == ds.eval_shapes[int(idx[0])]
-        assert all(m.ratio <= 1.0 for m in metas)
+    for batch in loader:  # every image of a batch in its batch's shape, boxes mapped back
+        assert tuple(batch.images.shape[2:]) == sampler.shapes[int(batch.indices[0])]
+        assert all(m.ratio <= 1.0 for m in batch.metas)
+    square = next(iter(build_loader(ds, 4, 0, False)))  # a later plain loader is square again
+    assert tuple(square.images.shape[2:]) == (320, 320)

@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from core.checkpoint import read_checkpoint
 from tests.conftest import LIGHT_HYP
-from train.distributed import with_device
+from yolov9.core.checkpoint import read_checkpoint
+from yolov9.train.distributed import with_device
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_two_ranks_match_one_process_and_resume_with_one(setup):
     # the 2-rank checkpoint continues in one process, with the same global batch
     _run([sys.executable, "-m", "yolov9", "train", "--resume", str(setup[1] / "runs" / "two"), "--device", "cpu"])
     two, one = _rows(setup, "two"), _rows(setup, "one")
-    assert [r["epoch"] for r in two] == [0, 1] and two[0]["rank_param_spread"] == 0.0
+    assert [r["epoch"] for r in two] == [1, 2] and two[0]["rank_param_spread"] == 0.0
     assert two[0]["batch"] == one[0]["batch"] == 8
     for a, b in zip(two, one):  # per-rank BatchNorm statistics and loss normalisers: close, not equal
         for key in ("box", "cls", "dfl"):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.boxes import make_anchors
-from train.loss import DetectionLoss, TaskAlignedAssigner, pad_targets
+from yolov9.core.boxes import make_anchors
+from yolov9.train.data.targets import pad_targets
+from yolov9.train.loss import DetectionLoss, TaskAlignedAssigner
 
 
 @pytest.mark.parametrize("name,heads", [("yolov9-s", 2), ("gelan-c", 1)])

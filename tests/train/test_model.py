@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.checkpoint import load_model
-from core.model import DetectionModel, n_params, zoo_names
 from tests.conftest import rel_l2
+from yolov9.core.checkpoint import load_model
+from yolov9.core.model import DetectionModel, n_params, zoo_names
 
 OFFICIAL_PARAMS = {"yolov9-s": 9_804_512, "gelan-c": 25_498_752}
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from train.ema import ModelEMA
-from train.step import build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
+from yolov9.train.ema import ModelEMA
+from yolov9.train.step import build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
 
 
 def _net() -> nn.Module:
@@ -100,8 +100,8 @@ def test_step_needs_a_fused_optimizer():
 
 
 def _gpu_setup(amp):
-    from core.model import DetectionModel
-    from train.loss import DetectionLoss
+    from yolov9.core.model import DetectionModel
+    from yolov9.train.loss import DetectionLoss
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 @pytest.mark.parametrize("amp", [torch.float16, torch.bfloat16])
 def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
-    from train.graphed_step import GraphedStep
+    from yolov9.train.graphed_step import GraphedStep
 
     model, loss_fn, scaler = _gpu_setup(amp)
     opt, ema = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), ModelEMA(model)
@@ -157,7 +157,7 @@ def deterministic_cudnn():
 
 @needs_cuda
 def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
-    from train.graphed_step import GraphedStep
+    from yolov9.train.graphed_step import GraphedStep
 
     eager, loss_fn, scaler = _gpu_setup(None)
     graph_model = copy.deepcopy(eager)
@@ -202,9 +202,9 @@ def _train_steps(cfg: str, amp, graphs: bool, data: _Batches, start: dict | None
     """Micro-batches from a pinning loader, an optimizer step every second one, the LR halved at global batch
     `lr_drop_at` (as the schedule changes it); returns the losses, the model, the EMA, the step and the state a
     checkpoint would save."""
-    from core.model import DetectionModel
-    from train.graphed_step import StepOptions, TrainStep
-    from train.loss import DetectionLoss
+    from yolov9.core.model import DetectionModel
+    from yolov9.train.graphed_step import StepOptions, TrainStep
+    from yolov9.train.loss import DetectionLoss
 
     dev = torch.device("cuda")
     torch.manual_seed(0)

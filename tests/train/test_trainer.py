@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import LIGHT_HYP, tiny_train_config
-from train.trainer import TrainConfig, Trainer
+from yolov9.train.trainer import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,10 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
 def test_resume_continues_exactly(subset, tmp_path):
     full = Trainer(_cfg(subset, tmp_path, epochs=3, name="full")).fit()
     part = Trainer(_cfg(subset, tmp_path, epochs=3, name="part", stop_after=2)).fit()
-    assert [r["epoch"] for r in _rows(part["run_dir"])] == [0, 1]
+    assert [r["epoch"] for r in _rows(part["run_dir"])] == [1, 2]
     resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
     a, b = _rows(full["run_dir"]), _rows(resumed["run_dir"])
-    assert [r["epoch"] for r in b] == [0, 1, 2]
+    assert [r["epoch"] for r in b] == [1, 2, 3]
     for key in ("box", "cls", "dfl"):
         assert b[2][key] == pytest.approx(a[2][key], rel=1e-5), key
 
@@ -69,7 +69,7 @@ def test_resume_during_warmup(subset, tmp_path):
         _cfg(subset, tmp_path, epochs=2, name="warm", stop_after=1, hyp={**LIGHT_HYP, "warmup_epochs": 3.0})
     ).fit()
     resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
-    assert [r["epoch"] for r in _rows(resumed["run_dir"])] == [0, 1]
+    assert [r["epoch"] for r in _rows(resumed["run_dir"])] == [1, 2]
 
 
 def test_fine_tune_from_official_weights_with_new_classes(subset, interop, tmp_path):
@@ -133,7 +133,7 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
     # training FLOPs: forward plus backward, about three forwards (no input gradient for the first layer)
     from torch.utils.flop_counter import FlopCounterMode
 
-    from core.model import DetectionModel
+    from yolov9.core.model import DetectionModel
 
     model = DetectionModel("gelan-t", nc=80).train()
     with FlopCounterMode(display=False) as fwd, torch.no_grad():
@@ -188,18 +188,19 @@ def test_every_help_names_each_default_once():
         check=True,
         env={**os.environ, "COLUMNS": "200"},  # one line per flag
     ).stdout
-    assert "(default: yolov9-s)" in out and out.count("(default: 640)") == 1
+    assert "(default: yolov9-s on a GPU, gelan-t on a CPU)" in out and "(default: 640 on a GPU, 320 on a CPU)" in out
+    assert "(default: 16)" in out and "(default: SGD)" in out
 
 
 def test_cuda_graphs_are_the_default_and_the_cpu_trains_eagerly(subset, tmp_path):
-    from train.graphed_step import GraphedStep
+    from yolov9.train.graphed_step import GraphedStep
 
     trainer = Trainer(_cfg(subset, tmp_path, epochs=1))
     assert trainer.cfg.cuda_graph
     trainer.fit()
     assert not trainer.step.graphs and trainer.step.captures == 0
     with pytest.raises(ValueError, match="--cuda-graph needs one CUDA GPU"):
-        GraphedStep(trainer.model, trainer.loss_fn, None, trainer.scaler)
+        GraphedStep(trainer.model, trainer.loss_fn, None, trainer.state.scaler)
 
 
 def test_dual_head_model_trains_and_validates(subset, tmp_path):
@@ -207,3 +208,137 @@ def test_dual_head_model_trains_and_validates(subset, tmp_path):
     summary = Trainer(_cfg(subset, tmp_path, cfg="yolov9-t", img=64, epochs=1, name="dual", val=True)).fit()
     row = _rows(summary["run_dir"])[-1]
     assert 0.0 <= row["map"] <= 1.0 and (Path(summary["run_dir"]) / "val_per_class.txt").exists()
+
+
+OFFICIAL_HYP = """\
+lr0: 0.01
+lrf: 0.01
+momentum: 0.937
+weight_decay: 0.0005
+warmup_epochs: 3.0
+warmup_momentum: 0.8
+warmup_bias_lr: 0.1
+box: 7.5
+cls: 0.5
+cls_pw: 1.0
+obj: 0.7
+obj_pw: 1.0
+dfl: 1.5
+iou_t: 0.20
+anchor_t: 5.0
+fl_gamma: 0.0
+hsv_h: 0.015
+hsv_s: 0.7
+hsv_v: 0.4
+degrees: 0.0
+translate: 0.1
+scale: 0.9
+shear: 0.0
+perspective: 0.0
+flipud: 0.0
+fliplr: 0.5
+mosaic: 1.0
+mixup: 0.15
+copy_paste: 0.3
+"""
+
+
+def test_the_official_hyp_file_trains_with_its_gains_and_names_what_it_ignores(subset, tmp_path):
+    from yolov9.cli import build_parser
+    from yolov9.train.cli import _config
+
+    hyp = tmp_path / "hyp.scratch-high.yaml"
+    hyp.write_text(OFFICIAL_HYP.replace("box: 7.5", "box: 5.0"))
+    parse = build_parser().parse_args
+    cfg = _config(parse(["train", "--data", str(subset), "--hyp", str(hyp)]))
+    assert cfg.loss.box == 5.0 and cfg.loss.cls == 0.5 and cfg.loss.dfl == 1.5 and cfg.hyp.mixup == 0.15
+    r = subprocess.run(
+        [sys.executable, "-m", "yolov9", "train", "--data", str(subset), "--hyp", str(hyp), "--cfg", "gelan-t",
+         "--img", "64", "--epochs", "1", "--batch", "4", "--workers", "0", "--device", "cpu", "--no-val",
+         "--project", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("note: ignored hyper-parameters") == 1 and "anchor_t" in r.stdout and "copy_paste" in r.stdout
+    # the gains reach the loss: the box term scales with box
+    from yolov9.core.model import DetectionModel
+    from yolov9.train.config import LossGains
+    from yolov9.train.loss import DetectionLoss
+
+    model = DetectionModel("gelan-t", nc=3).train()
+    feats = model(torch.rand(2, 3, 64, 64))
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.3], [1, 2, 0.4, 0.6, 0.2, 0.4]])
+    base = DetectionLoss.for_model(model)(feats, targets)[1]
+    doubled = DetectionLoss.for_model(model, LossGains(box=15.0))(feats, targets)[1]
+    torch.testing.assert_close(doubled[0], 2 * base[0])
+    torch.testing.assert_close(doubled[1:], base[1:])
+    hyp.write_text(OFFICIAL_HYP.replace("mixup:", "mix_up:"))
+    with pytest.raises(ValueError, match="unknown hyper-parameter 'mix_up'; did you mean 'mixup'"):
+        _config(parse(["train", "--hyp", str(hyp)]))
+
+
+def test_resume_is_exact_when_accumulation_spans_an_epoch_boundary(subset, tmp_path):
+    """Nominal batch 24 at batch 4: an optimizer step every 6 micro-batches, 4 micro-batches an epoch, so steps
+    fall inside epochs 2 and 3 and the resumed run must know where the last one was."""
+    kw = dict(epochs=4, batch=4, nbs=24, hyp={**LIGHT_HYP, "warmup_epochs": 0.0})
+    full = Trainer(_cfg(subset, tmp_path, name="acc_full", **kw)).fit()
+    part = Trainer(_cfg(subset, tmp_path, name="acc_part", stop_after=2, **kw)).fit()
+    ck = torch.load(Path(part["run_dir"]) / "weights" / "last.pt", weights_only=True)
+    assert set(ck["train"]["rng"]) <= {"torch", "cuda"}  # training draws from no other generator
+    resumed = Trainer(TrainConfig(resume=part["run_dir"], workers=0, device="cpu")).fit()
+    a, b = _rows(full["run_dir"]), _rows(resumed["run_dir"])
+    for key in ("box", "cls", "dfl"):
+        assert b[-1][key] == pytest.approx(a[-1][key], rel=1e-6), key
+
+
+def test_results_csv_keeps_its_columns_when_validation_skips_epochs(subset, tmp_path):
+    import csv
+
+    summary = Trainer(_cfg(subset, tmp_path, epochs=3, val=True, val_interval=2, name="csv", batch=4, nbs=4)).fit()
+    with open(Path(summary["run_dir"]) / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    assert all(None not in r for r in rows)  # no row longer than the header
+    assert rows[0]["metrics/mAP50-95"] == "" and rows[1]["metrics/mAP50-95"] != "" and rows[2]["val/box_loss"] != ""
+    assert float(rows[1]["metrics/precision"]) >= 0 and float(rows[0]["train/box_loss"]) > 0
+
+
+def test_resume_without_a_path_takes_the_newest_run_and_says_when_it_is_finished(subset, tmp_path, capsys):
+    Trainer(_cfg(subset, tmp_path, epochs=2, name="newest", stop_after=1, workers=0)).fit()
+    trainer = Trainer(TrainConfig(resume="latest", project=str(tmp_path)))
+    assert trainer.cfg.device == "cpu" and trainer.cfg.workers == 0  # from the run, not given here
+    assert trainer.cfg.resume.endswith("newest/weights/last.pt")
+    trainer.fit()
+    with pytest.raises(ValueError, match="finished all 2 epochs; nothing to resume"):
+        Trainer(TrainConfig(resume="latest", project=str(tmp_path)))
+    with pytest.raises(FileNotFoundError, match="no run to resume in"):
+        Trainer(TrainConfig(resume="latest", project=str(tmp_path / "empty")))
+
+
+def test_cpu_defaults_finish_and_workers_stay_within_the_cores(subset, tmp_path, capsys):
+    trainer = Trainer(TrainConfig(data=str(subset), device="cpu", workers=999, project=str(tmp_path)))
+    cfg = trainer.cfg
+    assert (cfg.cfg, cfg.img, cfg.epochs) == ("gelan-t", 320, 3) and cfg.workers == os.cpu_count()
+    out = capsys.readouterr().out
+    assert "on a GPU the defaults are yolov9-s, 640 px, 100 epochs" in out and "capped at the" in out
+    from yolov9.core.device import cpu_has_bf16
+    from yolov9.train.step import amp_dtype
+
+    assert amp_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if cpu_has_bf16() else None)
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from yolov9.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(tmp_path):
+    bad = tmp_path / "broken.yaml"  # a model config whose layer reads an output that does not exist: a bug path
+    bad.write_text("nc: 3\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\nhead:\n  - [[5], 1, Detect, [nc]]\n")
+    r = subprocess.run([sys.executable, "-m", "yolov9", "info", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" in r.stderr
+    assert r.stderr.splitlines()[0] == f"yolov9 info: failed running `yolov9 info {bad}`:"
+    r = subprocess.run(
+        [sys.executable, "-m", "yolov9", "info", str(tmp_path / "none.pt")], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

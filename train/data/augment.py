@@ -5,38 +5,13 @@ Every function takes its random generator, so a sample is a pure function of (se
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from core.boxes import letterbox_params
-from core.preprocess import PAD_VALUE as PAD
-
-
-@dataclass
-class Hyp:
-    """Optimisation and augmentation hyper-parameters; defaults are the official hyp.scratch-high."""
-
-    lr0: float = 0.01
-    lrf: float = 0.01
-    momentum: float = 0.937
-    weight_decay: float = 0.0005
-    warmup_epochs: float = 3.0
-    warmup_momentum: float = 0.8
-    warmup_bias_lr: float = 0.1
-    hsv_h: float = 0.015
-    hsv_s: float = 0.7
-    hsv_v: float = 0.4
-    degrees: float = 0.0
-    translate: float = 0.1
-    scale: float = 0.9
-    shear: float = 0.0
-    perspective: float = 0.0
-    flipud: float = 0.0
-    fliplr: float = 0.5
-    mosaic: float = 1.0
-    mixup: float = 0.15
+from yolov9.core.boxes import letterbox_params
+from yolov9.core.preprocess import PAD_VALUE as PAD
+from yolov9.train.config import Hyp
 
 
 def letterbox_np(img: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[int, int]]:

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -18,13 +19,15 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
-from core.image_io import image_file_hw
-from core.preprocess import ImageError, decode_image, letterbox
-from train import distributed
-from train.data import augment as A
-from train.data.formats import DatasetIndex
-from train.distributed import DistContext
-from train.loss import pad_targets
+from yolov9.core.errors import BadInput, MissingInput
+from yolov9.core.image_io import image_file_hw
+from yolov9.core.preprocess import ImageError, decode_image, letterbox
+from yolov9.train import distributed
+from yolov9.train.config import Hyp
+from yolov9.train.data import augment as A
+from yolov9.train.data.formats import DatasetIndex
+from yolov9.train.data.targets import pad_targets
+from yolov9.train.distributed import DistContext
 
 
 def check_image(path: Path) -> str | None:
@@ -68,7 +71,7 @@ class DetectionDataset(Dataset):
         index: DatasetIndex,
         img_size: int = 640,
         augment: bool = False,
-        hyp: A.Hyp | None = None,
+        hyp: Hyp | None = None,
         cache: str | None = None,
         seed: int = 0,
         workers: int = 8,
@@ -89,14 +92,13 @@ class DetectionDataset(Dataset):
         self.labels = [index.labels[i] for i in keep]
         self.names, self.problems = index.names, index.problems
         if not self.images:
-            raise FileNotFoundError(f"{desc}: no readable images")
+            raise MissingInput(f"{desc}: no readable images")
         self.desc = desc
-        self.img_size, self.augment, self.hyp = img_size, augment, hyp or A.Hyp()
+        self.img_size, self.augment, self.hyp = img_size, augment, hyp or Hyp()
         self.seed = seed
         # Mosaic is on for epochs below this (the trainer sets it from --close-mosaic). Samples are keyed by
         # (epoch, index), so a worker computes any epoch's sample without state shared with the trainer.
         self.mosaic_until = 1 << 30
-        self.eval_shapes: dict[int, tuple[int, int]] = {}  # index -> (H, W) of its rectangular validation batch
         self.original = original and not augment
         self.cache_mode = None if self.original else cache
         self.ram: np.ndarray | None = None
@@ -153,7 +155,7 @@ class DetectionDataset(Dataset):
         def fill(i: int) -> None:
             im = read_resized(self.images[i], self.img_size, self.augment)
             if im.shape != shapes[i]:
-                raise ValueError(f"{self.images[i]}: decodes to {im.shape[:2]}, its header says {shapes[i][:2]}")
+                raise BadInput(f"{self.images[i]}: decodes to {im.shape[:2]}, its header says {shapes[i][:2]}")
             buf[index[i, 0] : index[i, 0] + im.size] = im.reshape(-1)
 
         with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -197,12 +199,13 @@ class DetectionDataset(Dataset):
         img, lab = A.mosaic4([self.load(j) for j in idx], [self.labels[j] for j in idx], self.img_size, rng)
         return A.random_affine(img, lab, self.hyp, rng, border=-self.img_size // 2)
 
-    def __getitem__(self, key: int | tuple[int, int]):
-        """key: an index (validation path), or (epoch, index) for an augmented training sample that is a pure
-        function of (seed, epoch, index)."""
-        epoch, i = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple):
+        """key: (epoch, index) for an augmented training sample, a pure function of (seed, epoch, index); for
+        validation an index, or (index, (H, W)) for an image of a rectangular batch (RectBatchSampler)."""
         if not self.augment:
-            return self._eval_item(i)
+            i, shape = key if isinstance(key, tuple) else (key, None)
+            return self._eval_item(i, shape)
+        epoch, i = key if isinstance(key, tuple) else (0, key)
         rng = np.random.default_rng([self.seed, epoch, i])
         if epoch < self.mosaic_until and rng.random() < self.hyp.mosaic:
             img, lab = self._mosaic_sample(i, rng)
@@ -217,17 +220,17 @@ class DetectionDataset(Dataset):
         lab = A.xyxy_to_xywhn(lab, img.shape[1], img.shape[0])
         img = A.augment_hsv(img, self.hyp, rng)
         img, lab = A.flips(img, lab, self.hyp, rng)
-        return torch.from_numpy(img).permute(2, 0, 1).contiguous(), torch.from_numpy(lab), i, img.shape[:2]
+        return torch.from_numpy(img).permute(2, 0, 1).contiguous(), torch.from_numpy(lab), i, None
 
-    def _eval_item(self, i: int):
+    def _eval_item(self, i: int, shape: tuple[int, int] | None):
         """The inference path (core/preprocess.letterbox), so validation sees what prediction sees; into the
-        image's rectangular batch shape when rect_batches() set one."""
+        rectangular batch shape (H, W) when the sampler gives one."""
         if self.original:
             src = decode_image(self.images[i])
         else:
             src = torch.from_numpy(np.array(self.load(i))).permute(2, 0, 1)  # a writable copy of the cached view
-        if i in self.eval_shapes:  # as officially: a rectangular batch shape never scales an image up
-            img, meta = letterbox(src, self.eval_shapes[i], scaleup=False)
+        if shape is not None:  # as officially: a rectangular batch shape never scales an image up
+            img, meta = letterbox(src, shape, scaleup=False)
             # and boxes are mapped back with the unrounded half-padding, as the official validator does
             (h, w), r = meta.orig_hw, meta.ratio
             meta.pad = ((img.shape[2] - round(w * r)) / 2, (img.shape[1] - round(h * r)) / 2)
@@ -236,28 +239,48 @@ class DetectionDataset(Dataset):
         return img, torch.from_numpy(self.labels[i].copy()), i, meta
 
 
-def rect_batches(ds: DetectionDataset, batch: int, stride: int = 32, pad: float = 0.5) -> list[list[int]]:
+class RectBatchSampler(Sampler[list]):
     """The official validation batching: images sorted by aspect ratio (h / w), and each batch letterboxed to one
-    stride-aligned shape that fits its widest or tallest image, with half a stride of padding. Sets ds.eval_shapes
-    and returns the batches of indices."""
-    hw = np.array([image_file_hw(p) for p in ds.images], np.float64)
-    ar = hw[:, 0] / hw[:, 1]
-    order = ar.argsort()  # numpy's default sort, as officially: ties (many 4:3 photos) fall into the same batches
-    batches = [order[k : k + batch] for k in range(0, len(order), batch)]
-    for idx in batches:
-        lo, hi = ar[idx].min(), ar[idx].max()
-        shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
-        h, w = (np.ceil(np.array(shape) * ds.img_size / stride + pad).astype(int) * stride).tolist()
-        ds.eval_shapes.update({int(i): (h, w) for i in idx})
-    return [[int(i) for i in idx] for idx in batches]
+    stride-aligned shape that fits its widest or tallest image, with half a stride of padding. Yields batches of
+    (index, (H, W)) keys; `shapes` maps each index to its batch's shape."""
+
+    def __init__(self, ds: DetectionDataset, batch: int, stride: int = 32, pad: float = 0.5):
+        hw = np.array([image_file_hw(p) for p in ds.images], np.float64)
+        ar = hw[:, 0] / hw[:, 1]
+        order = ar.argsort()  # numpy's default sort, as officially: ties (many 4:3 photos) fall into the same batches
+        self.batches = [[int(i) for i in order[k : k + batch]] for k in range(0, len(order), batch)]
+        self.shapes: dict[int, tuple[int, int]] = {}
+        for idx in self.batches:
+            lo, hi = ar[idx].min(), ar[idx].max()
+            shape = [hi, 1.0] if hi < 1 else [1.0, 1 / lo] if lo > 1 else [1.0, 1.0]
+            h, w = (np.ceil(np.array(shape) * ds.img_size / stride + pad).astype(int) * stride).tolist()
+            self.shapes.update({i: (h, w) for i in idx})
+
+    def __iter__(self):
+        for idx in self.batches:
+            yield [(i, self.shapes[i]) for i in idx]
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
-def collate(batch):
-    """-> uint8 images (B, 3, S, S), target rows (N, 6) = image, class, xywh, padded targets (B, max n, 5), idx,
-    and per image its (h, w) after augmentation (training) or its LetterboxMeta (validation)."""
-    imgs, labs, idx, shapes = zip(*batch)
+class Batch(NamedTuple):
+    """A collated batch: uint8 images (B, 3, H, W); target rows (N, 6) = image, class, x, y, w, h normalised; the
+    same targets padded per image (B, most boxes of one image, 5); each image's dataset index (B,); and for
+    validation batches each image's LetterboxMeta (None for training batches)."""
+
+    images: torch.Tensor
+    rows: torch.Tensor
+    targets: torch.Tensor
+    indices: torch.Tensor
+    metas: list | None
+
+
+def collate(items) -> Batch:
+    imgs, labs, idx, metas = zip(*items)
     rows = torch.cat([torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)], 0)
-    return torch.stack(imgs), rows, pad_targets(rows, len(labs)), torch.tensor(idx), list(shapes)
+    metas = None if metas[0] is None else list(metas)
+    return Batch(torch.stack(imgs), rows, pad_targets(rows, len(labs)), torch.tensor(idx), metas)
 
 
 class EpochBatchSampler(Sampler[list]):
@@ -336,11 +359,18 @@ def build_loader(
         kw["multiprocessing_context"] = "fork"  # workers inherit the shared cache mapping instead of a pickled copy
     if not ds.augment:
         if rect:
-            return DataLoader(ds, batch_sampler=rect_batches(ds, batch), **kw)
-        ds.eval_shapes.clear()
+            return DataLoader(ds, batch_sampler=RectBatchSampler(ds, batch), **kw)
         return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
     sampler = EpochBatchSampler(len(ds), batch, shuffle, seed, rank, world, start_epoch, epochs)
     return DataLoader(ds, batch_sampler=sampler, **kw)
 
 
-__all__ = ["DetectionDataset", "EpochBatchSampler", "build_loader", "collate", "ImageError"]
+__all__ = [
+    "Batch",
+    "DetectionDataset",
+    "EpochBatchSampler",
+    "RectBatchSampler",
+    "build_loader",
+    "collate",
+    "ImageError",
+]

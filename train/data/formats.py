@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from core.coco_names import COCO_NAMES
-from core.paths import DEFAULT_DATASET, PACKAGE_ROOT, SHIPPED_DATASET, SHIPPED_DATASETS
+from yolov9.core.coco_names import COCO_NAMES
+from yolov9.core.errors import BadInput, MissingInput
+from yolov9.core.paths import DEFAULT_DATASET, PACKAGE_ROOT, SHIPPED_DATASET, SHIPPED_DATASETS
+from yolov9.core.yaml_io import read_yaml
 
 IMG_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 
@@ -28,11 +29,16 @@ class Problems:
     def add(self, kind: str, name: str | Path) -> None:
         self.items[kind].append(str(name))
 
-    def summary(self) -> str:
+    def summary(self, full: bool = False) -> str:
+        """One line per kind with the first five names, or (full, for data_problems.txt) every path."""
         if not self.items:
             return "data: no problems found"
         lines = ["data problems (skipped or treated as background):"]
         for kind, names in self.items.items():
+            if full:
+                lines.append(f"  {len(names)} {kind}:")
+                lines += [f"    {n}" for n in names]
+                continue
             shown = ", ".join(Path(n).name for n in names[:5]) + (" ..." if len(names) > 5 else "")
             lines.append(f"  {len(names)} {kind}: {shown}")
         return "\n".join(lines)
@@ -107,12 +113,19 @@ def _list_images(src: Path) -> list[Path]:
             for line in src.read_text().splitlines()
             if line.strip()
         ]
-    raise FileNotFoundError(f"{src}: not an image folder or list")
+    raise MissingInput(f"{src}: not an image folder or list")
+
+
+def _class_ids_beyond(lab: np.ndarray, nc: int) -> list[int]:
+    return sorted({int(c) for c in lab[:, 0] if c >= nc}) if lab.size else []
 
 
 def load_yolo(images_src: Path, names: list[str]) -> DatasetIndex:
+    """Images with the label file beside them (images/ -> labels/, .txt). A class id beyond the names is an error
+    (the labels belong to another class list: training on would drop its boxes), reported with the first file."""
     problems = Problems()
     images, labels = [], []
+    beyond: list[tuple[Path, list[int]]] = []
     for img in _list_images(images_src):
         lab_path = _yolo_labels_for(img)
         if not lab_path.exists():
@@ -127,9 +140,36 @@ def load_yolo(images_src: Path, names: list[str]) -> DatasetIndex:
             except (ValueError, UnicodeDecodeError):
                 problems.add("unreadable label files (treated as background)", lab_path)
                 lab = np.zeros((0, 5), np.float32)
+        if ids := _class_ids_beyond(lab, len(names)):
+            beyond.append((lab_path, ids))
         images.append(img)
         labels.append(_check_labels(lab, len(names), lab_path.name, problems))
+    if beyond:
+        path, ids = beyond[0]
+        every = sorted({i for _, found in beyond for i in found})
+        listed = ", ".join(map(str, every[:10])) + (" ..." if len(every) > 10 else "")
+        raise BadInput(
+            f"{path}: label class {ids[-1]} exceeds nc={len(names)} (the dataset names {len(names)} classes); "
+            f"{len(beyond)} label files use class ids {listed} beyond them: give the full names: list, or fix the "
+            f"labels"
+        )
     return DatasetIndex(images, labels, names, problems)
+
+
+def require_boxes(index: DatasetIndex, spec: dict, split: str, allow_empty: bool) -> DatasetIndex:
+    """A split with images but not one box trains nothing (usually labels that were not found): an error unless
+    the run asks for background-only data."""
+    if allow_empty or any(len(lab) for lab in index.labels):
+        return index
+    hint = ""
+    if spec["format"] == "yolo" and index.images:
+        expected = _yolo_labels_for(index.images[0])
+        found = "no label files" if not expected.parent.is_dir() else "label files without boxes"
+        hint = f" ({found}: expected e.g. {expected}, the image path with images/ -> labels/ and .txt)"
+    raise BadInput(
+        f"{split}: {len(index.images)} images and no boxes{hint}; pass --allow-empty to train on background images "
+        f"on purpose"
+    )
 
 
 def load_coco(ann_file: Path, images_dir: Path | None = None) -> DatasetIndex:
@@ -232,13 +272,13 @@ def resolve_data(data: str | Path | None = None) -> dict:
     if not p.exists() and not p.suffix:
         found = _find_named(str(data))
         if found is None:
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"dataset '{data}' not found (looked in {', '.join(map(str, dataset_roots()))}): pass a dataset YAML "
                 f"or folder, set YOLOV9_DATASETS to the folder holding '{data}', or use the shipped {SHIPPED_DATASET}"
             )
         p = found
     if not p.exists():
-        raise FileNotFoundError(f"{p}: no such dataset file or folder")
+        raise MissingInput(f"{p}: no such dataset file or folder")
     return _resolve_path(p)
 
 
@@ -248,16 +288,25 @@ def _resolve_path(p: Path) -> dict:
     if p.suffix in (".yaml", ".yml"):
         return _resolve_yaml(p)
     if not p.is_dir():
-        raise FileNotFoundError(f"{p}: not a dataset YAML, COCO JSON or dataset folder")
+        raise MissingInput(f"{p}: not a dataset YAML, COCO JSON or dataset folder")
+    yamls = [p / "data.yaml"] if (p / "data.yaml").is_file() else sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+    if len(yamls) == 1:  # a folder that describes itself
+        return _resolve_yaml(yamls[0])
+    if len(yamls) > 1:
+        raise BadInput(f"{p}: holds {len(yamls)} YAML files ({', '.join(y.name for y in yamls)}): pass one as --data")
     spec = {"name": p.name, "root": p, "names": None}
     if (p / "Annotations").is_dir():
         return _with_voc_names({**spec, "format": "voc", "train": _voc_split(p, "train"), "val": _voc_split(p, "val")})
     ann = sorted((p / "annotations").glob("instances_*.json")) if (p / "annotations").is_dir() else []
     if ann:  # instances_train*.json sorts before instances_val*.json
         return {**spec, "format": "coco", "train": ann[0], "val": ann[-1]}
-    if (p / "images").is_dir():  # YOLO layout without a YAML: the 80 COCO names
+    if (p / "images").is_dir():  # YOLO layout without a YAML: the 80 COCO names; images/train*, images/val* splits
+        train = sorted(d for d in (p / "images").glob("train*") if d.is_dir())
+        val = sorted(d for d in (p / "images").glob("val*") if d.is_dir())
+        if train and val:
+            return {**spec, "format": "yolo", "train": train[0], "val": val[0]}
         return {**spec, "format": "yolo", "train": p / "images", "val": p / "images"}
-    raise FileNotFoundError(f"{p}: no images/, annotations/instances_*.json or Annotations/ inside")
+    raise MissingInput(f"{p}: no images/, annotations/instances_*.json or Annotations/ inside")
 
 
 def _voc_split(root: Path, split: str) -> Path:
@@ -274,40 +323,35 @@ def _with_voc_names(spec: dict) -> dict:
         split_files = [None if Path(spec[s]).is_dir() else Path(spec[s]) for s in ("train", "val")]
         spec["names"] = voc_class_names(spec["root"], split_files)
         if not spec["names"]:
-            raise FileNotFoundError(
-                f"{spec['root']}: no object names in Annotations/*.xml; give names: in a dataset YAML"
-            )
+            raise MissingInput(f"{spec['root']}: no object names in Annotations/*.xml; give names: in a dataset YAML")
     return spec
 
 
 def _resolve_yaml(p: Path) -> dict:
-    try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    d = read_yaml(p)
     if not isinstance(d, dict):
-        raise ValueError(f"{p}: a dataset YAML is a mapping with train:, val: and names: keys")
+        raise BadInput(f"{p}: a dataset YAML is a mapping with train:, val: and names: keys")
     root = Path(d.get("path", "."))
     root = root if root.is_absolute() else (p.parent / root).resolve()
     if not root.is_dir():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{p}: path: {d.get('path')} -> {root} does not exist (a relative path: is read from the YAML's folder)"
         )
     fmt = d.get("format", "yolo")
     if fmt not in ("yolo", "coco", "voc"):
-        raise ValueError(f"{p}: format: {fmt}: choose yolo, coco or voc")
+        raise BadInput(f"{p}: format: {fmt}: choose yolo, coco or voc")
     spec = {"format": fmt, "name": p.stem, "root": root, "names": _names_list(d["names"]) if d.get("names") else None}
     for split in ("train", "val"):
         value = d.get(split, d.get("train"))
         if value is None:
             if fmt != "voc":
-                raise ValueError(f"{p}: no train: key (the images, image list or annotation file to train on)")
+                raise BadInput(f"{p}: no train: key (the images, image list or annotation file to train on)")
             spec[split] = _voc_split(root, split)
             continue
         path = Path(value) if Path(value).is_absolute() else root / value
         if not path.exists():
             key = split if split in d else "train"
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{p}: {key}: {value} -> {path} does not exist (paths are relative to path: {root}); fix the key or "
                 f"the path: key"
             )
@@ -315,7 +359,7 @@ def _resolve_yaml(p: Path) -> dict:
         if fmt == "coco" and d.get(f"{split}_images"):  # images elsewhere than beside the annotation file
             spec[f"{split}_images"] = root / d[f"{split}_images"]
     if fmt == "yolo" and spec["names"] is None:
-        raise ValueError(f"{p}: no names: key (a list of class names, or a dict id -> name)")
+        raise BadInput(f"{p}: no names: key (a list of class names, or a dict id -> name)")
     return _with_voc_names(spec) if fmt == "voc" else spec
 
 

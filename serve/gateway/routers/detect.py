@@ -9,10 +9,10 @@ import time
 from fastapi import APIRouter, Depends, File, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
-from core.image_io import detections_to_json
-from serve.gateway import metrics
-from serve.gateway.backend import BackendError, TritonPool
-from serve.gateway.dependencies import (
+from yolov9.core.image_io import detections_to_json
+from yolov9.serve.gateway import metrics
+from yolov9.serve.gateway.backend import BackendError, TritonPool
+from yolov9.serve.gateway.dependencies import (
     check_content_type,
     detect_params,
     get_pool,
@@ -20,9 +20,9 @@ from serve.gateway.dependencies import (
     read_image,
     require_key,
 )
-from serve.gateway.errors import GatewayError
-from serve.gateway.schemas import BatchResponse, DetectParams, DetectResponse
-from serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway.errors import GatewayError
+from yolov9.serve.gateway.schemas import BatchResponse, DetectParams, DetectResponse
+from yolov9.serve.gateway.settings import Settings, get_settings
 
 router = APIRouter(prefix="/v1/detect", dependencies=[Depends(require_key)])
 
@@ -104,7 +104,7 @@ async def detect_annotated(
 ):
     from PIL import Image
 
-    from core.draw import draw_detections, encode_jpeg
+    from yolov9.core.draw import draw_detections, encode_jpeg
 
     res = await detect_one(request, data, params, pool, settings)
     out = draw_detections(Image.open(io.BytesIO(data)), res["detections"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from serve.gateway import metrics
-from serve.gateway.backend import BackendError, TritonPool
-from serve.gateway.dependencies import get_pool
-from serve.gateway.errors import GatewayError
-from serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway import metrics
+from yolov9.serve.gateway.backend import BackendError, TritonPool
+from yolov9.serve.gateway.dependencies import get_pool
+from yolov9.serve.gateway.errors import GatewayError
+from yolov9.serve.gateway.settings import Settings, get_settings
 
 router = APIRouter()
 

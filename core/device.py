@@ -1,0 +1,34 @@
+"""The one device choice of every command: 'auto' (a CUDA GPU when there is one), 'cpu', a CUDA index ('0') or a
+torch device string ('cuda:1')."""
+
+from __future__ import annotations
+
+import torch
+
+from yolov9.core.errors import BadInput, Unavailable
+
+
+def select_device(spec: str | torch.device | None) -> torch.device:
+    if spec is None or str(spec) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = str(spec)
+    if spec.isdigit():
+        spec = f"cuda:{spec}"
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise BadInput(f"--device {spec}: not a device (auto, cpu, a CUDA index such as 0, or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise Unavailable(f"--device {spec}: no CUDA GPU on this machine (use --device cpu)")
+    return dev
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), without which bf16 autocast is several times
+    slower than fp32 (read from /proc/cpuinfo; other systems report none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

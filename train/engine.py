@@ -1,0 +1,171 @@
+"""The epoch loop, as torchvision's references/detection/engine.py has it: `train_one_epoch` runs one epoch of
+micro-batches with warm-up and nominal-batch accumulation through a `TrainStep` (captured or eager), and returns
+the epoch's log row."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from yolov9.train import distributed
+from yolov9.train.config import Hyp
+from yolov9.train.data.dataset import Batch
+from yolov9.train.distributed import DistContext
+from yolov9.train.gpu_monitor import GpuMonitor
+from yolov9.train.graphed_step import GraphedOptimizerStep, GraphedStep, graphs_possible
+from yolov9.train.state import TrainState
+from yolov9.train.step import forward_backward, optimizer_step
+
+
+@dataclass
+class StepOptions:
+    """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
+    undone by scaling the loss), the clip norm, and CUDA graphs (taken where `graphs_possible`)."""
+
+    amp_dtype: torch.dtype | None = None
+    channels_last: bool = True
+    world: int = 1
+    clip: float = 10.0
+    cuda_graph: bool = True
+
+
+class TrainStep:
+    """One micro-batch (`micro`) and one optimizer step (`step`), captured or eager: what the trainer, `bench
+    train` and their tests run. `net` is the model or its DDP wrapper; accumulation micro-batches of a DDP run skip
+    the gradient all-reduce (`sync=False`)."""
+
+    def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
+        self.model, self.net, self.loss_fn, self.optimizer = model, net, loss_fn, optimizer
+        self.scaler, self.ema, self.opts = scaler, ema, opts
+        self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop captured graphs (after the gradients were dropped, e.g. when the batch was halved)."""
+        self.graphed, self.graphed_opt = None, None
+        if self.graphs:
+            o = self.opts
+            self.graphed = GraphedStep(self.model, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last)
+            self.graphed_opt = GraphedOptimizerStep(self.model, self.optimizer, self.scaler, self.ema, o.clip)
+
+    @property
+    def captures(self) -> int:
+        return self.graphed.captures + self.graphed_opt.captures if self.graphs else 0
+
+    def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
+        if self.graphed is not None:
+            return self.graphed(imgs, targets)
+        ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
+        with self.net.no_sync() if ddp_local else contextlib.nullcontext():
+            o = self.opts
+            return forward_backward(
+                self.net, imgs, targets, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last, o.world
+            )
+
+    def step(self) -> torch.Tensor:
+        if self.graphed_opt is not None:
+            return self.graphed_opt()
+        return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)
+
+
+def accumulation_target(nbs: int, batch: int, override: int | None = None) -> float:
+    """Micro-batches per optimizer step that make up the nominal batch (fractional: the warm-up ramps towards it)."""
+    return float(override) if override else nbs / batch
+
+
+def accumulation(nbs: int, batch: int, override: int | None = None) -> int:
+    return max(round(accumulation_target(nbs, batch, override)), 1)
+
+
+@dataclass
+class EpochPlan:
+    """What an epoch needs of the run: its length, the warm-up and the accumulation schedule."""
+
+    epochs: int
+    batches: int  # per epoch
+    warmup_iters: int  # -1: no warm-up
+    accumulate: float  # accumulation_target()
+    hyp: Hyp
+    lr_factor: Callable[[int], float]  # the LR schedule's factor at an epoch
+
+
+def warmup_iterations(hyp: Hyp, batches: int) -> int:
+    """The official warm-up length: warmup_epochs of batches, at least 100 iterations (-1: none)."""
+    return max(round(hyp.warmup_epochs * batches), 100) if hyp.warmup_epochs > 0 else -1
+
+
+def warmup(optimizer: torch.optim.Optimizer, ni: int, plan: EpochPlan, lr_scale: float) -> int:
+    """The official warm-up at step ni: accumulation ramps from 1, the bias LR down from warmup_bias_lr and the
+    other LRs up from 0 to their scheduled values, momentum up from warmup_momentum. Returns the accumulation."""
+    xi, hyp = [0, plan.warmup_iters], plan.hyp
+    for j, g in enumerate(optimizer.param_groups):
+        # plain floats: numpy scalars would make the checkpoint unreadable with weights_only
+        g["lr"] = float(np.interp(ni, xi, [hyp.warmup_bias_lr if j == 0 else 0.0, g["initial_lr"] * lr_scale]))
+        if "momentum" in g:
+            g["momentum"] = float(np.interp(ni, xi, [hyp.warmup_momentum, hyp.momentum]))
+    return max(1, round(float(np.interp(ni, xi, [1, plan.accumulate]))))
+
+
+def train_one_epoch(
+    state: TrainState,
+    step: TrainStep,
+    batches: Iterator[Batch],
+    plan: EpochPlan,
+    epoch: int,
+    dist: DistContext,
+    monitor: GpuMonitor,
+) -> dict:
+    """`plan.batches` batches from the run's batch iterator; returns the epoch's log row (mean losses, rates)."""
+    device = dist.device
+    state.model.train()
+    accumulate = max(round(plan.accumulate), 1)
+    mloss = torch.zeros(3, device=device)
+    state.optimizer.zero_grad(set_to_none=not step.graphs)  # a captured backward owns the gradients
+    bad_losses = torch.zeros((), dtype=torch.int64, device=device)  # read once, after the epoch
+    t_epoch, t_wait, seen = time.perf_counter(), 0.0, 0
+    bar = tqdm(total=plan.batches, desc=f"epoch {epoch + 1}/{plan.epochs}", dynamic_ncols=True, disable=not dist.main)
+    with bar:
+        for i in range(plan.batches):
+            t0 = time.perf_counter()
+            batch = next(batches)
+            t_wait += time.perf_counter() - t0
+            ni = i + plan.batches * epoch
+            if ni <= plan.warmup_iters:
+                accumulate = warmup(state.optimizer, ni, plan, plan.lr_factor(epoch))
+            optimize = ni - state.last_opt_step >= accumulate
+            # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
+            loss, items = step.micro(batch.images, batch.targets, sync=optimize)
+            bad_losses += ~torch.isfinite(loss)
+            mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
+            seen += batch.images.shape[0] * dist.world
+            if optimize:
+                state.skipped += step.step()
+                state.last_opt_step = ni
+            if dist.main and (i % 10 == 0 or i == plan.batches - 1):
+                el = time.perf_counter() - t_epoch
+                b, c, dfl = mloss.tolist()
+                bar.set_postfix_str(
+                    f"box {b:.3f} cls {c:.3f} dfl {dfl:.3f} | {seen / el:.0f} img/s | "
+                    f"data {100 * t_wait / el:.0f}% | {monitor.read()}"
+                )
+            bar.update(1)
+    el = time.perf_counter() - t_epoch
+    if int(bad_losses):
+        tqdm.write(f"warning: {int(bad_losses)} non-finite losses in epoch {epoch + 1}; their steps were skipped")
+    box, cls, dfl = distributed.mean(dist, mloss).tolist()
+    return {
+        "epoch": epoch,
+        "box": box,
+        "cls": cls,
+        "dfl": dfl,
+        **{f"lr{j}": g["lr"] for j, g in enumerate(state.optimizer.param_groups)},
+        "images_per_s": seen / el,
+        "data_wait": t_wait / el,
+    }
