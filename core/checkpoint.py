@@ -11,12 +11,14 @@ import errno
 import os
 import re
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from yolov9.core.coco_names import COCO_NAMES
 from yolov9.core.errors import BadInput, Unavailable
 from yolov9.core.model import DetectionModel, load_cfg, zoo_names
 
@@ -240,17 +242,30 @@ def convert(src: str | Path, dst: str | Path) -> Path:
 
 
 def load_model(source: str | Path | dict, nc: int | None = None) -> DetectionModel:
-    """A float32 eval-mode model from an official checkpoint, one of ours, a config YAML or a zoo name."""
+    """A float32 eval-mode model from an official checkpoint, one of ours, a config YAML or a zoo name. A config
+    or zoo name builds an untrained model (random weights), and says so on stderr: release weights are not
+    downloaded here, a trained checkpoint is passed as a file."""
+    img_size = 640
     if isinstance(source, dict):
         model = DetectionModel(source, nc=nc)
     else:
         p = Path(source)
         if p.suffix in (".pt", ".pth", ".ckpt") or (p.is_file() and zipfile.is_zipfile(p)):
-            model = model_from_checkpoint(read_checkpoint(p), p)
+            ck = read_checkpoint(p)
+            model = model_from_checkpoint(ck, p)
+            img_size = int((ck.get("meta") or {}).get("img_size") or 640)
         elif p.suffix in (".yaml", ".yml") or str(source) in zoo_names():
-            model = DetectionModel(load_cfg(source), nc=nc)
+            cfg = load_cfg(source)
+            coco = (nc or cfg.get("nc")) == len(COCO_NAMES)  # the zoo's configs are COCO's 80 classes
+            model = DetectionModel(cfg, nc=nc, names=COCO_NAMES if coco else None)
+            print(
+                f"note: {source} is a model config: an untrained model with random weights (pass a trained "
+                f"checkpoint file for real detections)",
+                file=sys.stderr,
+            )
         else:
             raise CheckpointError(f"{source}: not a checkpoint, a YAML or a zoo name ({', '.join(zoo_names())})")
+    model.img_size = img_size  # what predict() letterboxes to: the size it was trained at
     return model.float().eval()
 
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, Thresholds
 from yolov9.core.errors import BadInput, MissingInput
 from yolov9.core.modules import MODULES, Conv, Detect, RepConvN, make_divisible
 from yolov9.core.yaml_io import read_yaml
+
+if TYPE_CHECKING:
+    from yolov9.core.predict import Detections
 
 CFG_DIR = Path(__file__).parent / "cfg"
 # Layers whose first argument is the output width (input width is inserted in front, as officially).
@@ -177,6 +182,33 @@ class DetectionModel(nn.Module):
                     dst[f"model.{i}.{k}"] = src[f"model.{j}.{sk}"]
         gelan.load_state_dict(dst)
         return gelan.train(self.training)
+
+    img_size = 640  # the training size; load_model sets it from the checkpoint
+
+    def predict(
+        self,
+        source,
+        conf: float = CONF,
+        iou: float = IOU,
+        max_det: int = MAX_DET,
+        classes: list[int] | None = None,
+        img_size: int | None = None,
+    ) -> list[Detections]:
+        """Detections per image for a file, bytes, an RGB array (H, W, 3), a PIL image or a list of them, with the
+        letterbox and NMS of `yolov9 predict` and the server. The model itself is left as it is: a fused copy
+        runs, made again when the weights change."""
+        from yolov9.core.predict import predict_images
+
+        return predict_images(self._deployed(), source, img_size or self.img_size, self.names,
+                              Thresholds(conf, iou, max_det), classes)  # fmt: skip
+
+    def _deployed(self) -> DetectionModel:
+        key = sum(p._version for p in self.parameters()), self.stride.device
+        if getattr(self, "_deployed_key", None) != key:
+            self.__dict__.pop("_deployed_model", None)  # not copied along
+            self.__dict__["_deployed_model"] = copy.deepcopy(self).deploy()
+            self.__dict__["_deployed_key"] = key
+        return self.__dict__["_deployed_model"]
 
     def info(self, img_size: int = 640) -> str:
         rows = [f"{'':>3}{'from':>26}{'n':>3}{'params':>11}  {'module':<14}"]

@@ -110,7 +110,7 @@ def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
     and the CPU the pooling operator (the same values to rounding; exports keep one AveragePool node)."""
     if x.is_cuda and torch.is_grad_enabled() and x.requires_grad:
         return _ShiftAvgPool2x2.apply(x)
-    return F.avg_pool2d(x, 2, 1, 0, False, True)
+    return F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)
 
 
 class AConv(nn.Module):

@@ -61,14 +61,23 @@ def add_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...
                 kw["default"] = default
         if positional:
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-                kw.update(nargs="?", default=default)
+                kw.setdefault("nargs", "?")
+                kw["default"] = default
             parser.add_argument(f.name, **kw)
         else:
             parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
 
 
+def int_list(text: str) -> list[int]:
+    """A comma list of integers (a flag's type)."""
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers") from None
+
+
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """The dataclass a parsed command line describes (fields the parser did not set keep their defaults)."""
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    names = {f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("cli", True)}
     kw = {k: v for k, v in vars(ns).items() if k in names}
     return cls(**{**kw, **extra})

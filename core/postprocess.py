@@ -8,6 +8,7 @@ import torch
 import torchvision
 
 from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
+from yolov9.core.detection_defaults import CONF, IOU
 from yolov9.core.preprocess import LetterboxMeta
 
 Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
@@ -38,8 +39,8 @@ def main_head(pred: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
 
 def nms_flat(
     pred: torch.Tensor,
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
+    conf: float | list[float] = CONF,
+    iou: float = IOU,
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
     max_nms: int = 30000,
@@ -96,8 +97,8 @@ def nms_flat(
 def postprocess_flat(
     pred: torch.Tensor,
     metas: list[LetterboxMeta],
-    conf: float | list[float] = 0.25,
-    iou: float = 0.45,
+    conf: float | list[float] = CONF,
+    iou: float = IOU,
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
     multi_label: bool = False,

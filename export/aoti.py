@@ -176,7 +176,9 @@ def aoti_runner(path: Path, device: torch.device):
     Same library as aoti_load_package() runs, but it opens in under a second where the package loader can take
     tens of seconds. A .pt2 holds native code: load only packages you trust."""
     tmp = Path(tempfile.mkdtemp(prefix="yolov9_aoti_"))
-    atexit.register(shutil.rmtree, tmp, True)  # kept while the process runs: CUDA kernels load lazily from it
+    atexit.register(
+        shutil.rmtree, tmp, ignore_errors=True
+    )  # kept while the process runs: CUDA kernels load lazily from it
     try:
         with zipfile.ZipFile(path) as z:
             z.extractall(tmp)  # zipfile drops absolute paths and '..' members

@@ -11,6 +11,7 @@ import torch
 from yolov9.core.checkpoint import load_model
 from yolov9.core.errors import BadInput, Unavailable
 from yolov9.export.aoti import AOTIEngine
+from yolov9.export.config import BenchEngineConfig
 from yolov9.export.cuda_graph import CudaGraphEngine
 from yolov9.export.onnx_export import OnnxEngine
 from yolov9.export.torch_engine import TorchEngine
@@ -46,11 +47,12 @@ def _build_base(base: str, weights: str, img: int, workdir: Path, max_batch: int
         eng = AOTIEngine(pt2)
     elif base == "trt-fp16":
         from yolov9.export.onnx_export import export_onnx
-        from yolov9.export.tensorrt import TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx
+        from yolov9.export.tensorrt import BuildProfile, TensorRTEngine, build_engine, import_tensorrt, needs_fp16_onnx
 
         import_tensorrt()
         onnx = export_onnx(weights, workdir / "bench_trt.onnx", img=img, half=needs_fp16_onnx())
-        eng = TensorRTEngine(build_engine(onnx, workdir / "bench.plan", 1, max_batch // 2, max_batch))
+        profile = BuildProfile(1, max_batch // 2, max_batch)
+        eng = TensorRTEngine(build_engine(onnx, workdir / "bench.plan", profile))
     else:
         raise BadInput(f"unknown engine '{base}'")
     return eng
@@ -70,8 +72,8 @@ def seconds_per_call(fn, arg, warmup: int, iters: int, device: torch.device) -> 
     return (time.perf_counter() - t) / iters
 
 
-def bench_engines(args) -> list[dict]:
-    batches = [int(b) for b in args.batches.split(",")]
+def bench_engines(args: BenchEngineConfig) -> list[dict]:
+    batches = list(args.batches)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     rows, built = [], {}

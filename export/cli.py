@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import tempfile
 from pathlib import Path
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, Thresholds
 from yolov9.core.errors import BadInput
+from yolov9.core.options import add_options, from_namespace
 from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
+from yolov9.export.config import BenchEngineConfig, PredictConfig
 
 
 def _inductor_configs(pairs: list[str]) -> dict:
@@ -25,6 +25,11 @@ def _inductor_configs(pairs: list[str]) -> dict:
         except (ValueError, SyntaxError):
             out[key] = value  # a bare string
     return out
+
+
+def _nms(args: argparse.Namespace) -> Thresholds | None:
+    """--end2end's thresholds (None: no NMS in the graph)."""
+    return Thresholds(args.conf, args.iou, args.max_det) if args.end2end else None
 
 
 def _default_out(weights: str, suffix: str) -> Path:
@@ -46,10 +51,7 @@ def _export(args: argparse.Namespace) -> None:
             img=img,
             half=args.half,
             dynamic_hw=args.dynamic_hw,
-            end2end=args.end2end,
-            conf=args.conf,
-            iou=args.iou,
-            max_det=args.max_det,
+            nms=_nms(args),
         )
         _check_onnx(args.weights, out, img) if not args.end2end else None
     elif args.format == "aoti":
@@ -87,7 +89,7 @@ def _map_delta(weights: str, engine_path: Path, data: str) -> None:
 
 
 def _export_trt(args: argparse.Namespace, img: int) -> Path:
-    from yolov9.export.tensorrt import build_engine, import_tensorrt, needs_fp16_onnx
+    from yolov9.export.tensorrt import BuildProfile, build_engine, import_tensorrt, needs_fp16_onnx
 
     import_tensorrt()  # fail in one line, before any work, when TensorRT is missing
     src = Path(args.weights)
@@ -100,12 +102,10 @@ def _export_trt(args: argparse.Namespace, img: int) -> Path:
             out.with_suffix(".onnx"),
             img=img,
             half=needs_fp16_onnx(),
-            end2end=args.end2end,
-            conf=args.conf,
-            iou=args.iou,
-            max_det=args.max_det,
+            nms=_nms(args),
         )
-    build_engine(src, out, args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache, fp16=True)
+    profile = BuildProfile(args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache)
+    build_engine(src, out, profile, fp16=True)
     if not args.end2end:
         _compare_engines(out, src, img)
     return out
@@ -148,47 +148,58 @@ def _compare_engines(plan: Path, onnx_path: Path, img: int) -> None:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from yolov9.core.draw import draw_detections
-    from yolov9.core.postprocess import per_image, postprocess_flat
-    from yolov9.core.preprocess import ImageError, decode_image, detections_to_json, prepare_batch, to_input
-    from yolov9.export.engine import engine_spec, load_engine
+    from yolov9.export.predict import run_predict
 
-    engine = load_engine(engine_spec(args.engine, args.weights), device=args.device, img_size=args.img)
-    print(f"engine {engine.kind} at {engine.img_size} px", file=sys.stderr)
-    sources = [Path(s) for s in (args.source or [SAMPLES])]
-    files = [
-        f
-        for s in sources
-        for f in (sorted(s.glob("*")) if s.is_dir() else [s])
-        if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-    ]
-    out_dir = Path(args.out)
-    if args.save:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        try:
-            im = decode_image(f)
-        except (ImageError, OSError) as e:
-            print(json.dumps({"image": str(f), "error": str(e)}))
-            continue
-        batch, metas = prepare_batch([im], engine.img_size, engine.device)
-        pred = engine(to_input(batch, engine.dtype))
-        det = per_image(postprocess_flat(pred, metas, args.conf, args.iou, args.max_det, args.classes))[0].cpu()
-        dets = detections_to_json(det, engine.names)
-        print(json.dumps({"image": str(f), "detections": dets}))
-        if args.save:
-            draw_detections(im.permute(1, 2, 0).numpy(), dets).save(out_dir / f.name)
-    if args.save:
-        print(f"annotated images in {out_dir}")
+    run_predict(from_namespace(PredictConfig, args))
+
+
+def _info(args: argparse.Namespace) -> None:
+    """A model's layers, parameters and GFLOPs, with what a checkpoint records of its training; an exported
+    engine's metadata."""
+    from yolov9.core.checkpoint import load_model, read_checkpoint
+    from yolov9.export.engine import ENGINE_SUFFIXES, weights_meta
+
+    path = Path(args.model)
+    if path.suffix in ENGINE_SUFFIXES:
+        meta = weights_meta(path)
+        print(f"{path}: {path.suffix[1:]} engine, {meta.img_size} px input ({meta.dtype}), {len(meta.names)} classes")
+        nms = f"NMS inside (conf {meta.nms['conf']}, IoU {meta.nms['iou']}, {meta.nms['max_det']} max)"
+        print(f"  outputs   {nms if meta.end2end else 'raw predictions (B, 4 + classes, anchors)'}")
+        print(f"  built for {meta.device}; exported from {meta.source or '?'}; trained on {meta.data or '?'}")
+        print(f"  classes   {', '.join(meta.names[:10])}{' ...' if len(meta.names) > 10 else ''}")
+        return
+    model = load_model(args.model)
+    if args.fuse:
+        model = model.reparameterize().fuse()
+    print(model.info(args.img))
+    if path.is_file():
+        ck = read_checkpoint(path)
+        meta, train = ck.get("meta") or {}, ck.get("train")
+        done = f"epoch {meta['epoch'] + 1}" + (f" of {meta['epochs']}" if meta.get("epochs") else "")
+        score = f"mAP50-95 {meta['map']:.4f}, mAP50 {meta['map50']:.4f}" if meta.get("map") is not None else "no mAP"
+        if "epoch" in meta:
+            print(f"trained: {done}, {score}, data {meta.get('data', '?')}, {meta.get('img_size', '?')} px")
+        print("training state: " + ("resumable (--resume)" if train else "none (final or converted weights)"))
 
 
 def _bench_engine(args: argparse.Namespace) -> None:
     from yolov9.export.bench import bench_engines
 
-    bench_engines(args)
+    bench_engines(from_namespace(BenchEngineConfig, args))
 
 
 def register(sub, bench) -> None:
+    s = sub.add_parser(
+        "info",
+        help="a model's layers, parameters and GFLOPs, or an exported engine's metadata",
+        description="Print the layer table, parameter count and GFLOPs of a model (and what a checkpoint records of "
+        "its training: epochs, data, mAP), or the metadata of an exported .onnx, .pt2 or .plan.",
+    )
+    s.add_argument("model", help="checkpoint (official or ours), model YAML, zoo name, or engine file")
+    s.add_argument("--img", type=int, default=640, help="image size for the GFLOPs count")
+    s.add_argument("--fuse", action="store_true", help="show the deployed form (re-parameterized and fused)")
+    s.set_defaults(func=_info)
+
     s = sub.add_parser(
         "export",
         help="export weights to ONNX, AOTInductor (.pt2) or TensorRT (.plan)",
@@ -205,9 +216,9 @@ def register(sub, bench) -> None:
     s.add_argument("--fp32", action="store_true", help="aoti: compile in fp32 instead of fp16")
     s.add_argument("--dynamic-hw", action="store_true", help="onnx: dynamic height and width too")
     s.add_argument("--end2end", action="store_true", help="onnx/trt: NMS inside the graph, fixed-size outputs")
-    s.add_argument("--conf", type=float, default=0.25, help="end2end: score threshold")
-    s.add_argument("--iou", type=float, default=0.45, help="end2end: NMS IoU threshold")
-    s.add_argument("--max-det", type=int, default=100, help="end2end: detections per image")
+    s.add_argument("--conf", type=float, default=CONF, help="end2end: score threshold")
+    s.add_argument("--iou", type=float, default=IOU, help="end2end: NMS IoU threshold")
+    s.add_argument("--max-det", type=int, default=MAX_DET, help="end2end: detections per image")
     s.add_argument("--device", default="cuda", help="aoti: device to compile for (cuda or cpu)")
     s.add_argument(
         "--data", default=None, help="after exporting, print the engine's mAP delta against PyTorch on this dataset"
@@ -230,23 +241,10 @@ def register(sub, bench) -> None:
     s = sub.add_parser(
         "predict",
         help="detect objects in images and save annotated copies",
-        description="Run a model or engine on images; prints one JSON line per image.",
+        description="Run a model or engine on images, folders and videos; prints one JSON line per image or frame "
+        "and writes annotated copies (and with --save-txt / --save-crop labels and crops) to a numbered run folder.",
     )
-    s.add_argument("weights", nargs="?", default="yolov9-s", help="checkpoint, zoo name or engine file")
-    s.add_argument("source", nargs="*", help="image files or folders (default: the shipped sample images)")
-    s.add_argument(
-        "--engine",
-        default=None,
-        help="engine file (.onnx, .pt2, .plan), or auto: the fastest engine exported beside WEIGHTS",
-    )
-    s.add_argument("--img", type=int, default=None, help="inference size (default: the engine's or checkpoint's)")
-    s.add_argument("--conf", type=float, default=0.25, help="score threshold")
-    s.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    s.add_argument("--max-det", type=int, default=300, help="detections per image")
-    s.add_argument("--classes", type=int, nargs="*", default=None, help="keep only these class ids")
-    s.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
-    s.add_argument("--out", default="runs/predict", help="folder for annotated images")
-    s.add_argument("--save", action=argparse.BooleanOptionalAction, default=True, help="save annotated images")
+    add_options(s, PredictConfig)
     s.set_defaults(func=_predict)
 
     s = bench.add_parser(
@@ -254,17 +252,5 @@ def register(sub, bench) -> None:
         help="inference throughput and latency of engines",
         description="images/s and ms per batch for each engine and batch size (random input).",
     )
-    s.add_argument("weights", help="checkpoint or zoo name (engines are built from it)")
-    s.add_argument(
-        "--engines",
-        default="torch-fp32,torch-fp16,aoti-fp16,trt-fp16",
-        help="comma list of torch-fp32, torch-fp16, torch-fp16-graph, aoti-fp16, aoti-fp16-graph, "
-        "trt-fp16, onnx-cpu (missing backends are reported and skipped)",
-    )
-    s.add_argument("--batches", default="1,8,32,64", help="comma list of batch sizes")
-    s.add_argument("--img", type=int, default=640, help="image size")
-    s.add_argument("--iters", type=int, default=50, help="timed iterations per point")
-    s.add_argument("--warmup", type=int, default=10, help="untimed iterations per point")
-    s.add_argument("--workdir", default=tempfile.gettempdir(), help="where built engines are written")
-    s.add_argument("--out", default=None, help="write results as JSON here")
+    add_options(s, BenchEngineConfig)
     s.set_defaults(func=_bench_engine)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from yolov9.core.errors import BadInput
 from yolov9.export.engine import Engine
-from yolov9.train.data.dataset import DetectionDataset, build_loader
+from yolov9.train.data.dataset import DetectionDataset, eval_loader
 from yolov9.train.data.formats import load_split, resolve_data
 from yolov9.train.validate import DEPLOYMENT, OFFICIAL, Protocol, evaluate
 
@@ -15,13 +15,13 @@ __all__ = ["DEPLOYMENT", "OFFICIAL", "Protocol", "load_val_split", "score_engine
 
 def load_val_split(data: str | None, split: str, img_size: int, protocol: Protocol) -> DetectionDataset:
     index = load_split(resolve_data(data), split)
-    return DetectionDataset(index, img_size, augment=False, desc=split, original=not protocol.rect)
+    return DetectionDataset(index, img_size, desc=split, original=not protocol.rect)
 
 
 def score_engine(engine: Engine, ds: DetectionDataset, protocol: Protocol, batch: int = 32, workers: int = 4) -> dict:
     """pycocotools mAP50-95 / mAP50, per-class AP and images/s of one engine in one protocol."""
     if protocol.rect and engine.kind != "torch":
         raise BadInput(f"{engine.kind} engines take a fixed square input: use the deployment protocol (--square)")
-    loader = build_loader(ds, batch, workers, False, rect=protocol.rect)
+    loader = eval_loader(ds, batch, workers, rect=protocol.rect)
     res = evaluate(engine, loader, protocol)
     return {**res, "engine": engine.kind, "protocol": protocol.name}

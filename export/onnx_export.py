@@ -17,6 +17,7 @@ from torch import nn
 
 from yolov9.core.boxes import xywh2xyxy
 from yolov9.core.checkpoint import weights_source
+from yolov9.core.detection_defaults import Thresholds
 from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel
 from yolov9.export.metadata import EngineMeta
@@ -87,20 +88,20 @@ def export_onnx(
     img: int = 640,
     half: bool = False,
     dynamic_hw: bool = False,
-    end2end: bool = False,
-    conf: float = 0.25,
-    iou: float = 0.45,
-    max_det: int = 100,
+    nms: Thresholds | None = None,
     batch: int = 1,
 ) -> Path:
+    """The deployed model as ONNX (opset 17, dynamic batch), checked; with `nms`, end-to-end: NMS inside the
+    graph and fixed-size outputs."""
     out = Path(out)
+    end2end = nms is not None
     src, source, data = weights_source(weights)
     names = src.names
     model = src.deploy()
     strides = model.stride.tolist()
     dtype = torch.float16 if half else torch.float32
     model = model.to(dtype)
-    net = End2End(model, conf, iou, max_det) if end2end else model
+    net = End2End(model, nms.conf, nms.iou, nms.max_det) if end2end else model
     x = torch.zeros(batch, 3, img, img, dtype=dtype)
     axes = {0: "batch", 2: "height", 3: "width"} if dynamic_hw else {0: "batch"}
     if end2end:
@@ -130,7 +131,7 @@ def export_onnx(
         end2end=end2end,
         source=source,
         data=data,
-        nms={"conf": conf, "iou": iou, "max_det": max_det} if end2end else None,
+        nms={"conf": nms.conf, "iou": nms.iou, "max_det": nms.max_det} if end2end else None,
         extra={"input": "images: float (B,3,H,W) RGB in [0,1], letterboxed with 114", "outputs": outputs},
     )
     proto = onnx.load(str(out))

@@ -8,6 +8,7 @@ strongly typed, so precision comes from the graph, and we build from an fp16 ONN
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,17 +39,23 @@ def needs_fp16_onnx() -> bool:
     return _major(import_tensorrt()) >= 11
 
 
+@dataclass(frozen=True)
+class BuildProfile:
+    """The engine's batch range (the optimization profile), the builder's workspace and its timing cache file."""
+
+    min_batch: int = 1
+    opt_batch: int = 16
+    max_batch: int = 64
+    workspace_gib: float = 4.0
+    timing_cache: str | Path | None = None
+
+
 def build_engine(
-    onnx_path: str | Path,
-    out: str | Path,
-    min_batch: int = 1,
-    opt_batch: int = 16,
-    max_batch: int = 64,
-    workspace_gib: float = 4.0,
-    timing_cache: str | Path | None = None,
-    fp16: bool = True,
+    onnx_path: str | Path, out: str | Path, build: BuildProfile = BuildProfile(), fp16: bool = True
 ) -> Path:
     trt = import_tensorrt()
+    min_batch, opt_batch, max_batch = build.min_batch, build.opt_batch, build.max_batch
+    workspace_gib, timing_cache = build.workspace_gib, build.timing_cache
     onnx_path, out = Path(onnx_path), Path(out)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)

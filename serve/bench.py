@@ -18,12 +18,13 @@ import torch
 
 from yolov9.core.errors import Unavailable
 from yolov9.export.bench import seconds_per_call
+from yolov9.serve.config import BenchDetectorConfig
 from yolov9.serve.detector import Detector, Request
 from yolov9.serve.loadtest import load_images
 
 
-def bench_detector(args) -> list[dict]:
-    batches = [int(b) for b in args.batches.split(",")]
+def bench_detector(args: BenchDetectorConfig) -> list[dict]:
+    batches = list(args.batches)
     rows = []
     for row in _bench_processes(args, batches) if args.procs > 1 or args.mps else _bench_one(args, batches):
         print(json.dumps(row))  # each batch size as it finishes
@@ -35,7 +36,7 @@ def bench_detector(args) -> list[dict]:
 
 def _detector(args, batches: list[int]) -> Detector:
     det = Detector(
-        args.engine, device=args.device, img_size=args.img, cuda_graphs=not args.no_cuda_graphs, max_batch=max(batches)
+        args.engine, device=args.device, img_size=args.img, cuda_graphs=args.cuda_graphs, max_batch=max(batches)
     )
     det.warmup()
     return det

@@ -8,8 +8,10 @@ import signal
 import time
 from pathlib import Path
 
+from yolov9.core.detection_defaults import CONF
 from yolov9.core.errors import BadInput
-from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
+from yolov9.core.options import add_options, from_namespace
+from yolov9.serve.config import BenchDetectorConfig, LoadtestConfig, RepoConfig
 
 REPO = "model_repository"
 
@@ -26,69 +28,10 @@ def _add_triton_server_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _batch_sizes(text: str) -> list[int]:
-    if text.strip().lower() == "none":
-        return []
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers or 'none'") from None
-
-
-def _add_repo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", default=REPO, help="model repository folder")
-    p.add_argument("--name", default="yolov9", help="model name in the repository")
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        default=32,
-        help="Triton max_batch_size (default 32: under MPS the longest batches set the tail latency, and capping "
-        "them at 32 served as much at a lower p99; docs/benchmarks.md)",
-    )
-    p.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching queue delay (100-2000 us)")
-    p.add_argument(
-        "--preferred-batch",
-        type=_batch_sizes,
-        default=None,
-        metavar="SIZES",
-        help="comma list of batch sizes Triton's batcher cuts batches at when it can, or 'none' to send whatever "
-        "is queued (default 4,8,16,32,64 up to --max-batch)",
-    )
-    p.add_argument(
-        "--instances",
-        type=int,
-        default=1,
-        help="model instances (processes); several share one GPU best under `serve triton --mps` (docs/benchmarks.md)",
-    )
-    p.add_argument("--kind", default="auto", choices=["auto", "gpu", "cpu"], help="instance kind")
-    p.add_argument("--max-det", type=int, default=100, help="detections per image (fixed output size)")
-    p.add_argument("--img", type=int, default=None, help="inference size (default: the engine's)")
-    p.add_argument(
-        "--no-cuda-graphs",
-        action="store_true",
-        help="GPU instances run the engine kernel by kernel instead of replaying one CUDA graph per batch bucket",
-    )
-
-
-def _repo_options(args: argparse.Namespace) -> dict:
-    """The build_repo keywords the repository options describe."""
-    return dict(
-        max_batch=args.max_batch,
-        preferred=args.preferred_batch,
-        queue_delay_us=args.queue_delay_us,
-        instances=args.instances,
-        kind=args.kind,
-        max_det=args.max_det,
-        img_size=args.img,
-        cuda_graphs=not args.no_cuda_graphs,
-        trt_variant=getattr(args, "trt_variant", False),
-    )
-
-
 def _cmd_build_repo(args: argparse.Namespace) -> None:
     from yolov9.serve.repository import build_repo
 
-    d = build_repo(args.engine, args.repo, args.name, **_repo_options(args))
+    d = build_repo(args.engine, args.repo, from_namespace(RepoConfig, args))
     print(f"wrote {d}")
 
 
@@ -121,15 +64,8 @@ def _triton_server(args: argparse.Namespace, log_file: str | Path | None):
     """The Triton server the serve options describe (repository, ports, host)."""
     from yolov9.serve.triton_server import TritonServer
 
-    return TritonServer(
-        args.repo,
-        args.triton_http_port,
-        args.triton_grpc_port,
-        args.triton_metrics_port,
-        host=args.host,
-        log_file=log_file,
-        mps=args.mps,
-    )
+    ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
+    return TritonServer(args.repo, ports, host=args.host, log_file=log_file, mps=args.mps)
 
 
 def _cmd_triton(args: argparse.Namespace) -> None:
@@ -142,7 +78,12 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
     from yolov9.serve.gateway.process import GatewayProcess
 
     gw = GatewayProcess(
-        args.triton.split(","), args.host, args.port, args.workers, args.name, max_upload_bytes=args.max_upload_bytes
+        args.triton.split(","),
+        args.host,
+        args.port,
+        args.workers,
+        model=args.name,
+        max_upload_bytes=args.max_upload_bytes,
     )
     gw.start()
     _serve_until_stopped(gw, f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton}")
@@ -157,8 +98,8 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
     repo = None if args.once and args.repo == REPO else args.repo  # --once leaves the served repository alone
     cfg = StackConfig(
-        args.weights, repo, args.name, args.host, args.port, args.workers, ports, args.mps, args.timeout,
-        _repo_options(args),
+        args.weights, repo, args.host, args.port, args.workers, ports, args.mps, args.timeout,
+        from_namespace(RepoConfig, args),
     )  # fmt: skip
     if args.once:
         answer_once(cfg, args.conf)
@@ -173,13 +114,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
 def _loadtest(args: argparse.Namespace) -> None:
     from yolov9.serve.loadtest import run_loadtest
 
-    run_loadtest(args)
+    run_loadtest(from_namespace(LoadtestConfig, args))
 
 
 def _cmd_bench_detector(args: argparse.Namespace) -> None:
     from yolov9.serve.bench import bench_detector
 
-    bench_detector(args)
+    bench_detector(from_namespace(BenchDetectorConfig, args))
 
 
 def register(sub, bench) -> None:
@@ -197,21 +138,18 @@ def register(sub, bench) -> None:
         "--workers", type=int, default=1, help="gateway worker processes (on Linux each gets its own listening socket)"
     )
     s.add_argument("--once", action="store_true", help="answer one request with a sample image, then stop")
-    s.add_argument("--conf", type=float, default=0.25, help="--once: score threshold of the sample request")
+    s.add_argument("--conf", type=float, default=CONF, help="--once: score threshold of the sample request")
     s.add_argument("--timeout", type=float, default=300, help="seconds to wait for Triton to be ready")
+    s.add_argument("--repo", default=REPO, help="model repository folder")
     _add_triton_server_args(s)
-    _add_repo_args(s)
+    add_options(s, RepoConfig, skip=("trt_variant",))
     s.set_defaults(func=_cmd_serve)
     ss = s.add_subparsers(dest="serve_cmd", metavar="PART")
 
     p = ss.add_parser("build-repo", help="fill the Triton model repository for an engine")
     p.add_argument("--engine", required=True, help="engine file (.onnx, .pt2, .plan), checkpoint or zoo name")
-    p.add_argument(
-        "--trt-variant",
-        action="store_true",
-        help="also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton",
-    )
-    _add_repo_args(p)
+    p.add_argument("--repo", default=REPO, help="model repository folder")
+    add_options(p, RepoConfig)
     p.set_defaults(func=_cmd_build_repo)
 
     p = ss.add_parser("triton", help="start Triton on the repository and wait until the model is ready")
@@ -244,37 +182,7 @@ def register(sub, bench) -> None:
         description="Send real images to URL and report throughput, latency percentiles and errors. "
         "Only the given URL is targeted; the default is loopback.",
     )
-    s.add_argument("--target", choices=["gateway", "triton"], default="gateway", help="what URL points at")
-    s.add_argument(
-        "--url",
-        default=None,
-        help="gateway base URL or Triton gRPC host:port (default: http://127.0.0.1:8080 for the gateway, "
-        "127.0.0.1:8001 for Triton)",
-    )
-    s.add_argument("--images", default=str(SAMPLES), help="folder of images to send (cycled)")
-    s.add_argument("--concurrency", default="1,8,32", help="comma list: closed-loop sweep steps")
-    s.add_argument("--rate", type=float, default=None, help="open-loop requests/s instead of a concurrency sweep")
-    s.add_argument("--duration", type=float, default=10.0, help="seconds per step (after warm-up)")
-    s.add_argument(
-        "--requests",
-        type=int,
-        default=None,
-        help="stop a step after this many measured requests (warm-up ones not counted)",
-    )
-    s.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per step, not counted")
-    s.add_argument("--procs", type=int, default=1, help="client processes sharing the load")
-    s.add_argument("--model", default="yolov9", help="Triton model name (target triton)")
-    s.add_argument("--conf", type=float, default=0.25, help="score threshold sent with each request")
-    s.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds")
-    s.add_argument(
-        "--plot",
-        nargs="+",
-        default=None,
-        metavar="RESULT_JSON",
-        help="send nothing: draw these saved results on one chart (written to --out with .png)",
-    )
-    s.add_argument("--triton-metrics", default=None, help="Triton metrics URL to scrape (queue/compute time, batch)")
-    s.add_argument("--out", default="loadtest.json", help="results JSON (CSV and PNG are written beside it)")
+    add_options(s, LoadtestConfig)
     s.set_defaults(func=_loadtest)
 
     s = bench.add_parser(
@@ -283,22 +191,5 @@ def register(sub, bench) -> None:
         description="Runs what one Triton model instance runs for a batch of encoded images and reports "
         "images/s per batch size and the share of time per stage.",
     )
-    s.add_argument("engine", help="engine file (.pt2, .onnx, .plan), checkpoint or zoo name")
-    s.add_argument("--images", default=str(SAMPLES), help="folder of images (cycled to fill each batch)")
-    s.add_argument("--batches", default="1,8,32,64", help="comma list of batch sizes")
-    s.add_argument("--img", type=int, default=640, help="inference size")
-    s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    s.add_argument("--conf", type=float, default=0.25, help="score threshold of the requests")
-    s.add_argument("--iters", type=int, default=20, help="timed batches per size")
-    s.add_argument("--warmup", type=int, default=3, help="untimed batches per size")
-    s.add_argument("--no-cuda-graphs", action="store_true", help="run the engine without CUDA-graph buckets")
-    s.add_argument(
-        "--procs",
-        type=int,
-        default=1,
-        help="run it in this many processes at once (as that many Triton instances would) and report their "
-        "combined images/s, without the per-stage split",
-    )
-    s.add_argument("--mps", action="store_true", help="with --procs: run the processes under a CUDA MPS daemon")
-    s.add_argument("--out", default=None, help="write the rows as JSON here")
+    add_options(s, BenchDetectorConfig)
     s.set_defaults(func=_cmd_bench_detector)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.postprocess import postprocess_flat
 from yolov9.core.preprocess import ImageError, decode_images, prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
@@ -18,9 +19,9 @@ from yolov9.export.engine import load_engine
 @dataclass
 class Request:
     data: bytes
-    conf: float = 0.25
-    iou: float = 0.45
-    max_det: int = 100
+    conf: float = CONF
+    iou: float = IOU
+    max_det: int = MAX_DET
     classes: list[int] | None = None
 
 
@@ -39,7 +40,7 @@ class Detector:
         self,
         engine_path: str,
         device: str = "auto",
-        max_det: int = 100,
+        max_det: int = MAX_DET,
         img_size: int | None = None,
         cuda_graphs: bool = True,
         max_batch: int = 64,

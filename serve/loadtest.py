@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from yolov9.core.errors import MissingInput, Unavailable
+from yolov9.serve.config import LoadtestConfig
 
 IMG_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -293,7 +294,7 @@ def plot_files(files: list[str], png: Path) -> None:
     plot_runs(runs, png)
 
 
-def run_loadtest(args) -> list[dict]:
+def run_loadtest(args: LoadtestConfig) -> list[dict]:
     if args.plot:
         png = Path(args.out).with_suffix(".png")
         plot_files(args.plot, png)
@@ -330,7 +331,7 @@ def run_loadtest(args) -> list[dict]:
                 args.conf,
                 args.timeout,
             )
-            for c in args.concurrency.split(",")
+            for c in args.concurrency
         ]
     )
     rows = []

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from locust import HttpUser, between, task
 
+from yolov9.core.detection_defaults import CONF
 from yolov9.core.paths import SAMPLE_IMAGES
 
 _FOLDER = Path(os.environ.get("YOLOV9_LOADTEST_IMAGES", SAMPLE_IMAGES))
 _IMAGES = [p.read_bytes() for p in sorted(_FOLDER.glob("*.jpg"))]
 _CYCLE = itertools.cycle(range(len(_IMAGES)))
-_CONF = os.environ.get("YOLOV9_LOADTEST_CONF", "0.25")
+_CONF = os.environ.get("YOLOV9_LOADTEST_CONF", str(CONF))
 
 
 class DetectUser(HttpUser):

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from yolov9.core.detection_defaults import CONF, IOU
 from yolov9.core.errors import BadInput, MissingInput
 from yolov9.core.paths import sample_images
 from yolov9.export.engine import weights_meta
 from yolov9.export.metadata import EngineMeta
+from yolov9.serve.config import RepoConfig
 
 TEMPLATE_DIR = Path(__file__).parent / "triton"
 
@@ -84,86 +87,61 @@ def read_config(folder: Path) -> mc.ModelConfig:
     return text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
 
 
-def build_repo(
-    engine: str | Path,
-    repo: str | Path = "model_repository",
-    name: str = "yolov9",
-    max_batch: int = 32,
-    preferred: list[int] | None = None,
-    queue_delay_us: int = 500,
-    instances: int = 1,
-    kind: str = "auto",
-    max_det: int = 100,
-    img_size: int | None = None,
-    max_queue: int = 1024,
-    trt_variant: bool = False,
-    copy_engine: bool = True,
-    cuda_graphs: bool = True,
-) -> Path:
-    """Write `repo/name` (and the TensorRT-backend variant if asked); returns the model folder."""
-    if not 100 <= queue_delay_us <= 2000:
+def build_repo(engine: str | Path, repo: str | Path = "model_repository", cfg: RepoConfig = RepoConfig()) -> Path:
+    """Write `repo/<cfg.name>` (and the TensorRT-backend variant if asked); returns the model folder."""
+    if not 100 <= cfg.queue_delay_us <= 2000:
         raise BadInput("--queue-delay-us should be 100-2000 (0.1-2 ms): longer adds latency, shorter loses batching")
+    preferred = cfg.preferred_batch
     if preferred is None:
-        preferred = [b for b in (4, 8, 16, 32, 64) if b <= max_batch]
-    if any(not 1 <= b <= max_batch for b in preferred):
-        raise BadInput(f"--preferred-batch sizes must lie in 1..{max_batch} (the max batch)")
+        preferred = [b for b in (4, 8, 16, 32, 64) if b <= cfg.max_batch]
+    if any(not 1 <= b <= cfg.max_batch for b in preferred):
+        raise BadInput(f"--preferred-batch sizes must lie in 1..{cfg.max_batch} (the max batch)")
     engine = Path(engine)
     if not engine.exists() and engine.suffix:
         raise MissingInput(f"{engine}: no such engine file")
     repo = Path(repo)
-    model_dir = repo / name
+    model_dir = repo / cfg.name
     if model_dir.exists():
         shutil.rmtree(model_dir)
     version = model_dir / "1"
     version.mkdir(parents=True)
     shutil.copy(TEMPLATE_DIR / "model.py", version / "model.py")
-    if engine.exists() and copy_engine:
+    if engine.exists() and cfg.copy_engine:
         shutil.copy(engine, version / engine.name)
         if EngineMeta.path_for(engine).exists():
             shutil.copy(EngineMeta.path_for(engine), version / EngineMeta.path_for(engine).name)
         engine_ref = engine.name
     else:  # a zoo name or a path used in place
         engine_ref = str(engine.resolve()) if engine.exists() else str(engine)
+    kind = cfg.kind
     if kind == "auto":
         import torch
 
         kind = "gpu" if torch.cuda.is_available() else "cpu"
     meta = weights_meta(engine)  # the engine's own size and classes (a checkpoint's training size)
-    img_size = img_size or meta.img_size
-    config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch)
-    _detect_io(config, max_det)
-    _batching(config, preferred, queue_delay_us, max_queue)
-    _instances(config, instances, kind)
-    params = {"engine": engine_ref, "max_det": max_det, "img_size": img_size, "names": json.dumps(meta.names)}
-    _params(config, {**params, "cuda_graphs": int(cuda_graphs)})
+    img_size = cfg.img or meta.img_size
+    config = mc.ModelConfig(name=cfg.name, backend="python", max_batch_size=cfg.max_batch)
+    _detect_io(config, cfg.max_det)
+    _batching(config, preferred, cfg.queue_delay_us, cfg.max_queue)
+    _instances(config, cfg.instances, kind)
+    params = {"engine": engine_ref, "max_det": cfg.max_det, "img_size": img_size, "names": json.dumps(meta.names)}
+    _params(config, {**params, "cuda_graphs": int(cfg.cuda_graphs)})
     sample = next(iter(sample_images()), None)
     if sample is not None:
         (model_dir / "warmup").mkdir()
         shutil.copy(sample, model_dir / "warmup" / sample.name)
         _warmup(config, model_dir / "warmup" / sample.name)
     write_config(model_dir, config)
-    if trt_variant:
-        _write_trt_variant(
-            repo, name, engine, max_batch, preferred, queue_delay_us, instances, max_det, img_size, max_queue, kind
-        )
+    if cfg.trt_variant:
+        _write_trt_variant(repo, engine, replace(cfg, kind=kind, img=img_size, preferred_batch=preferred))
     return model_dir
 
 
-def _write_trt_variant(
-    repo: Path,
-    name: str,
-    engine: Path,
-    max_batch: int,
-    preferred: list[int],
-    queue_delay_us: int,
-    instances: int,
-    max_det: int,
-    img_size: int,
-    max_queue: int,
-    kind: str = "gpu",
-) -> None:
+def _write_trt_variant(repo: Path, engine: Path, cfg: RepoConfig) -> None:
     """Pre/post-processing stay in python models around the tensorrt_plan model, so the ensemble keeps the API.
     The plan always runs on the GPU; `kind` places the python stages (cpu lets them be tested without one)."""
+    name, max_batch, max_det, img_size, kind = cfg.name, cfg.max_batch, cfg.max_det, cfg.img, cfg.kind
+    batching = (cfg.preferred_batch, cfg.queue_delay_us, cfg.max_queue)
     plan_dir = repo / f"{name}_plan" / "1"
     plan_dir.mkdir(parents=True, exist_ok=True)
     if engine.suffix == ".plan" and engine.exists():
@@ -173,22 +151,22 @@ def _write_trt_variant(
     plan = mc.ModelConfig(name=f"{name}_plan", platform="tensorrt_plan", max_batch_size=max_batch)
     plan.input.add(**image)
     plan.output.add(**raw)
-    _batching(plan, preferred, queue_delay_us, max_queue)
-    _instances(plan, instances, "gpu")
+    _batching(plan, *batching)
+    _instances(plan, cfg.instances, "gpu")
     write_config(plan_dir.parent, plan)
 
     meta = _tensor("META", mc.TYPE_FP32, [5])
     pre = mc.ModelConfig(name=f"{name}_pre", backend="python", max_batch_size=max_batch)
     pre.input.add(**_tensor("IMAGE", mc.TYPE_UINT8, [-1], allow_ragged_batch=True))
     pre.output.extend([mc.ModelOutput(**image), mc.ModelOutput(**meta)])
-    _batching(pre, preferred, queue_delay_us, max_queue)
+    _batching(pre, *batching)
     _instances(pre, 1, kind)
     _params(pre, {"img_size": img_size})
     post = mc.ModelConfig(name=f"{name}_post", backend="python", max_batch_size=max_batch)
     post.input.extend([mc.ModelInput(**raw), mc.ModelInput(**meta)])
     _outputs(post, max_det)
     _instances(post, 1, kind)
-    _params(post, {"max_det": max_det, "conf": 0.25, "iou": 0.45})
+    _params(post, {"max_det": max_det, "conf": CONF, "iou": IOU})
     for stage, config in (("pre", pre), ("post", post)):
         d = repo / f"{name}_{stage}" / "1"
         d.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from yolov9.core.detection_defaults import CONF
 from yolov9.core.paths import sample_images
+from yolov9.serve.config import RepoConfig
 from yolov9.serve.gateway.process import GatewayProcess
 from yolov9.serve.repository import build_repo
 from yolov9.serve.triton_server import TritonServer
@@ -19,14 +21,13 @@ from yolov9.serve.triton_server import TritonServer
 class StackConfig:
     engine: str  # engine file, checkpoint or zoo name
     repo: str | None = None  # None: a fresh temporary folder
-    name: str = "yolov9"
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
     triton_ports: tuple[int, int, int] = (8000, 8001, 8002)  # HTTP, gRPC, metrics
     mps: bool = False
     timeout: float = 300.0
-    repo_options: dict = field(default_factory=dict)  # build_repo keywords (max_batch, instances, img_size, ...)
+    model: RepoConfig = field(default_factory=RepoConfig)  # how the repository serves the engine
 
 
 class ServingStack:
@@ -38,13 +39,14 @@ class ServingStack:
 
     def __enter__(self) -> ServingStack:
         cfg = self.cfg
+        print(f"logs in {self.log_dir} (triton.log, gateway.log)", flush=True)
         repo = cfg.repo or tempfile.mkdtemp(prefix="yolov9-repo-")
-        build_repo(cfg.engine, repo, cfg.name, **cfg.repo_options)
-        http, grpc, metrics = cfg.triton_ports
-        self.triton = TritonServer(repo, http, grpc, metrics, cfg.host, self.log_dir / "triton.log", mps=cfg.mps)
-        self.triton.start(cfg.timeout, model=cfg.name)
+        build_repo(cfg.engine, repo, cfg.model)
+        self.triton = TritonServer(repo, cfg.triton_ports, cfg.host, self.log_dir / "triton.log", mps=cfg.mps)
+        self.triton.start(cfg.timeout, model=cfg.model.name)
+        log = self.log_dir / "gateway.log"
         self.gateway = GatewayProcess(
-            [self.triton.grpc_url], cfg.host, cfg.port, cfg.workers, cfg.name, log_file=self.log_dir / "gateway.log"
+            [self.triton.grpc_url], cfg.host, cfg.port, cfg.workers, log, model=cfg.model.name
         )
         try:
             self.gateway.start()
@@ -66,7 +68,7 @@ class ServingStack:
     def running(self) -> bool:
         return self.triton.running() and self.gateway.running()
 
-    def detect(self, image: Path, conf: float = 0.25) -> dict:
+    def detect(self, image: Path, conf: float = CONF) -> dict:
         """One POST /v1/detect of an image file, as a client sends it."""
         req = urllib.request.Request(
             f"{self.url}/v1/detect?conf={conf}",
@@ -78,7 +80,7 @@ class ServingStack:
             return json.loads(r.read())
 
 
-def answer_once(cfg: StackConfig, conf: float = 0.25) -> dict:
+def answer_once(cfg: StackConfig, conf: float = CONF) -> dict:
     """Start the stack, send the first sample image, print and return the answer, stop."""
     sample = sample_images()[0]
     with ServingStack(cfg) as stack:
@@ -95,10 +97,11 @@ def serve_once(
     engine: str,
     port: int = 8080,
     img: int | None = None,
-    conf: float = 0.25,
+    conf: float = CONF,
     triton_ports: tuple[int, int, int] = (8000, 8001, 8002),
     repo: str | None = None,
 ) -> dict:
     """answer_once() for `engine` with the default stack (at the engine's own image size unless `img`)."""
-    options = {"img_size": img} if img else {}
-    return answer_once(StackConfig(str(engine), repo, port=port, triton_ports=triton_ports, repo_options=options), conf)
+    return answer_once(
+        StackConfig(str(engine), repo, port=port, triton_ports=triton_ports, model=RepoConfig(img=img)), conf
+    )

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import sysconfig
@@ -81,6 +83,39 @@ def find_server() -> tuple[Path, Path, dict]:
     return binary, backends, env
 
 
+def interpreter_env() -> dict[str, str]:
+    """What the python-backend stub needs to import this project with the packages of the interpreter running it,
+    however that was started (an activated venv, or its bin/yolov9 by path): the stub embeds Python and finds its
+    environment the way `python3` on PATH would, and reads PYTHONPATH."""
+    paths = [str(PACKAGE_ROOT), *site.getsitepackages()]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        paths.append(site.getusersitepackages())
+    env = {
+        "PATH": os.pathsep.join(filter(None, [os.path.dirname(sys.executable), os.environ.get("PATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")])),
+    }
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    return env
+
+
+_LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:\w+: )?(.+?)(?:\\n|\"|$)")
+
+
+def log_cause(log_file: str | Path) -> str | None:
+    """Why a Triton server did not start, in one line from its log: a model's load error (the Python exception
+    its model.py raised), else the server's own error line."""
+    try:
+        text = Path(log_file).read_text(errors="replace")
+    except OSError:
+        return None
+    m = _LOAD_FAILED.search(text)
+    if m:
+        return f"model '{m.group(1)}' failed to load: {m.group(2).strip()}"
+    errors = [line for line in text.splitlines() if line.startswith("error:") or line.startswith("E")]
+    return errors[-1].strip() if errors else None
+
+
 class TritonServer(ManagedProcess):
     """A tritonserver process on loopback; use as a context manager or call start()/stop()."""
 
@@ -90,17 +125,16 @@ class TritonServer(ManagedProcess):
     def __init__(
         self,
         repo: str | Path,
-        http_port: int = 8000,
-        grpc_port: int = 8001,
-        metrics_port: int = 8002,
+        ports: tuple[int, int, int] = (8000, 8001, 8002),
         host: str = "127.0.0.1",
         log_file: str | Path | None = None,
         extra_args: list[str] | None = None,
         mps: bool = False,
     ):
+        """ports: HTTP, gRPC and metrics."""
         super().__init__()
         self.repo, self.host = Path(repo).resolve(), host
-        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.http_port, self.grpc_port, self.metrics_port = ports
         self.log_file, self.extra_args = log_file, extra_args or []
         self.mps: MpsDaemon | None = MpsDaemon() if mps else None
 
@@ -118,9 +152,7 @@ class TritonServer(ManagedProcess):
 
     def start(self, timeout: float = 180.0, model: str | None = None) -> TritonServer:
         binary, backends, env_extra = find_server()
-        env = {**os.environ, **env_extra}
-        # the python-backend stub must import this project (editable install or not) and its dependencies
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = {**os.environ, **env_extra, **interpreter_env()}
         if self.mps is not None:  # before Triton: the model instances must find the daemon when they open CUDA
             env.update(self.mps.start().env)
         cmd = [
@@ -169,9 +201,11 @@ class TritonServer(ManagedProcess):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
+                cause = log_cause(self.log_file) if self.log_file else None
                 raise TritonError(
                     f"tritonserver exited with code {self.proc.returncode}"
-                    + (f"; see {self.log_file}" if self.log_file else "")
+                    + (f": {cause}" if cause else "")
+                    + (f" (log: {self.log_file})" if self.log_file else "")
                 )
             if self.ready(model):
                 return

@@ -89,3 +89,41 @@ def test_functions_fit_on_a_screen():
                 if n > MAX_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, long
+
+
+MAX_PARAMS = 7
+
+
+def test_no_function_takes_more_than_seven_parameters():
+    """Options travel as one object (a dataclass), not as long parameter lists; argparse declarations aside."""
+    wide = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in PARSER_DECLARATIONS:
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                n = len(names) - (names[:1] in (["self"], ["cls"], ["ctx"]))
+                if n > MAX_PARAMS:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} parameters)")
+    assert not wide, wide
+
+
+def test_the_wheel_installs_one_top_level_package(tmp_path):
+    """Built for real: nothing but `yolov9` at the top of site-packages (no `core`, `train`, ... to collide with)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    import shutil
+
+    src = tmp_path / "src"  # a copy: a build folder left in the checkout by an earlier build must not leak in
+    junk = shutil.ignore_patterns(".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".gpu", "tests", "docs")
+    shutil.copytree(ROOT, src, ignore=junk)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600, cwd=src)
+    (wheel,) = tmp_path.glob("yolov9_trt-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"yolov9"}, top
+    for part in ("core/cfg/yolov9-s.yaml", "serve/triton/model.py", "train/trainer.py", "core/assets/datasets"):
+        assert any(n.startswith(f"yolov9/{part}") for n in names), part

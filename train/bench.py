@@ -11,13 +11,13 @@ import torch
 from yolov9.core.model import DetectionModel
 from yolov9.train import distributed
 from yolov9.train.config import BenchTrainConfig, Hyp
-from yolov9.train.data.dataset import DetectionDataset, build_loader
+from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
 from yolov9.train.ema import ModelEMA
-from yolov9.train.engine import StepOptions, TrainStep
+from yolov9.train.engine import TrainStep
 from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.loss import DetectionLoss
-from yolov9.train.step import AMP_DTYPES, build_optimizer, make_scaler
+from yolov9.train.step import AMP_DTYPES, StepOptions, build_optimizer, make_scaler
 
 
 class _UtilSampler(threading.Thread):
@@ -107,16 +107,8 @@ def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
 def bench_train(args: BenchTrainConfig) -> list[dict]:
     """Under torchrun every rank times its own steps with --batch images each (per GPU); rank 0 reports the sum."""
     ctx = distributed.init(args.device)
-    ds = DetectionDataset(
-        load_split(resolve_data(args.data), "train"),
-        args.img,
-        augment=True,
-        hyp=Hyp(),
-        cache=None if args.cache == "none" else args.cache,
-        workers=args.workers,
-        desc="bench",
-        dist_ctx=ctx,
-    )
+    cache = None if args.cache == "none" else Cache(args.cache, args.workers, ctx)
+    ds = DetectionDataset(load_split(resolve_data(args.data), "train"), args.img, Hyp(), cache, desc="bench")
     results = []
     for amp in args.amp.split(","):
         row = _bench_mode(args, ds, ctx, amp)
@@ -155,7 +147,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     channels_last = args.channels_last and dev.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     model, train_step = _build(args, len(ds.names), ctx, dtype, channels_last)
-    loader = build_loader(ds, args.batch, args.workers, True, 0, ctx.rank, ctx.world, pin=dev.type == "cuda")
+    sampler = EpochBatchSampler(len(ds), args.batch, shard=(ctx.rank, ctx.world))
+    loader = train_loader(ds, sampler, args.workers, pin=dev.type == "cuda")
     it = iter(loader)  # one iterator: no refills
     monitor = GpuMonitor(dev)
     sampler = _UtilSampler(monitor)

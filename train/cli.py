@@ -1,4 +1,4 @@
-"""Subcommands of the training stage: info, convert, train and `bench train`."""
+"""Subcommands of the training stage: convert, train and `bench train`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from yolov9.train.config import BenchTrainConfig, TrainConfig, ignored_note, loa
 
 def _config(args: argparse.Namespace) -> TrainConfig:
     cfg = from_namespace(TrainConfig, args)
-    if args.hyp:
-        hyp, loss, ignored = load_hyp(args.hyp)
+    if args.hyp_file:
+        hyp, loss, ignored = load_hyp(args.hyp_file)
         if ignored:
             print(ignored_note(ignored))
         cfg = replace(cfg, hyp=hyp, loss=loss)
@@ -54,15 +54,6 @@ def _bench_train(args: argparse.Namespace) -> None:
     bench_train(from_namespace(BenchTrainConfig, args))
 
 
-def _info(args: argparse.Namespace) -> None:
-    from yolov9.core.checkpoint import load_model
-
-    model = load_model(args.model)
-    if args.fuse:
-        model = model.reparameterize().fuse()
-    print(model.info(args.img))
-
-
 def _convert(args: argparse.Namespace) -> None:
     from yolov9.core.checkpoint import convert, read_checkpoint
 
@@ -72,16 +63,6 @@ def _convert(args: argparse.Namespace) -> None:
 
 
 def register(sub, bench) -> None:
-    s = sub.add_parser(
-        "info",
-        help="print layers, parameters and GFLOPs of a model",
-        description="Print the layer table, parameter count and GFLOPs of a model.",
-    )
-    s.add_argument("model", help="checkpoint (official or ours), model YAML, or zoo name such as yolov9-s")
-    s.add_argument("--img", type=int, default=640, help="image size for the GFLOPs count (default 640)")
-    s.add_argument("--fuse", action="store_true", help="show the deployed form (re-parameterized and fused)")
-    s.set_defaults(func=_info)
-
     s = sub.add_parser(
         "convert",
         help="official checkpoint -> this project's checkpoint format",
@@ -101,6 +82,7 @@ def register(sub, bench) -> None:
     add_options(s, TrainConfig)
     s.add_argument(
         "--hyp",
+        dest="hyp_file",
         default=None,
         metavar="YAML",
         help="hyper-parameters and loss gains (box, cls, dfl) over the hyp.scratch-high defaults: a flat mapping such "

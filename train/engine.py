@@ -21,19 +21,7 @@ from yolov9.train.distributed import DistContext
 from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.graphed_step import GraphedOptimizerStep, GraphedStep, graphs_possible
 from yolov9.train.state import TrainState
-from yolov9.train.step import forward_backward, optimizer_step
-
-
-@dataclass
-class StepOptions:
-    """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
-    undone by scaling the loss), the clip norm, and CUDA graphs (taken where `graphs_possible`)."""
-
-    amp_dtype: torch.dtype | None = None
-    channels_last: bool = True
-    world: int = 1
-    clip: float = 10.0
-    cuda_graph: bool = True
+from yolov9.train.step import StepOptions, forward_backward, optimizer_step
 
 
 class TrainStep:
@@ -52,7 +40,7 @@ class TrainStep:
         self.graphed, self.graphed_opt = None, None
         if self.graphs:
             o = self.opts
-            self.graphed = GraphedStep(self.model, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last)
+            self.graphed = GraphedStep(self.model, self.loss_fn, self.scaler, o)
             self.graphed_opt = GraphedOptimizerStep(self.model, self.optimizer, self.scaler, self.ema, o.clip)
 
     @property
@@ -64,10 +52,7 @@ class TrainStep:
             return self.graphed(imgs, targets)
         ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
         with self.net.no_sync() if ddp_local else contextlib.nullcontext():
-            o = self.opts
-            return forward_backward(
-                self.net, imgs, targets, self.loss_fn, o.amp_dtype, self.scaler, o.channels_last, o.world
-            )
+            return forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
 
     def step(self) -> torch.Tensor:
         if self.graphed_opt is not None:

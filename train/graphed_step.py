@@ -15,7 +15,7 @@ from torch import nn
 
 from yolov9.train.ema import ModelEMA
 from yolov9.train.loss import DetectionLoss
-from yolov9.train.step import forward_backward, optimizer_step
+from yolov9.train.step import StepOptions, forward_backward, optimizer_step
 
 CAPTURE_MODE = "thread_local"
 
@@ -36,13 +36,11 @@ class GraphedStep:
         self,
         model: nn.Module,
         loss_fn: DetectionLoss,
-        amp_dtype: torch.dtype | None,
         scaler: torch.amp.GradScaler,
-        channels_last: bool = True,
+        opts: StepOptions = StepOptions(),
         warmup: int = 3,
     ):
-        self.model, self.loss_fn, self.amp_dtype, self.scaler = model, loss_fn, amp_dtype, scaler
-        self.channels_last, self.warmup = channels_last, warmup
+        self.model, self.loss_fn, self.scaler, self.opts, self.warmup = model, loss_fn, scaler, opts, warmup
         self.device = next(model.parameters()).device
         if not graphs_possible(self.device):
             raise ValueError("--cuda-graph needs one CUDA GPU (not the CPU, not a multi-GPU run)")
@@ -115,16 +113,7 @@ class GraphedStep:
         return True
 
     def _eager(self, imgs: torch.Tensor, targets: torch.Tensor, autocast_cache: bool = True):
-        return forward_backward(
-            self.model,
-            imgs,
-            targets,
-            self.loss_fn,
-            self.amp_dtype,
-            self.scaler,
-            self.channels_last,
-            autocast_cache=autocast_cache,
-        )
+        return forward_backward(self.model, imgs, targets, self.loss_fn, self.scaler, self.opts, autocast_cache)
 
 
 class GraphedOptimizerStep:
@@ -176,7 +165,7 @@ class GraphedOptimizerStep:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode=CAPTURE_MODE):
-                self.out = optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.clip, True)
+                self.out = optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.clip, keep_grads=True)
         finally:
             for g, f in zip(self.optimizer.param_groups, floats):
                 g["lr"] = f

@@ -115,15 +115,13 @@ class DetectionLoss:
         strides: torch.Tensor,
         reg_max: int = 16,
         head_weights: tuple[float, ...] = (1.0,),
-        topk: int = 10,
-        alpha: float = 0.5,
-        beta: float = 6.0,
         gains: LossGains | None = None,
+        assigner: TaskAlignedAssigner | None = None,
     ):
         self.nc, self.reg_max, self.head_weights = nc, reg_max, head_weights
         self.gains = gains or LossGains()  # the official hyp file's box, cls and dfl
         self.strides = strides
-        self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
+        self.assigner = assigner or TaskAlignedAssigner(nc)  # top-10, alpha 0.5, beta 6.0 as officially
         self._constants: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def constants(self, feats0: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -9,6 +9,8 @@ import torch
 import torchvision
 from pycocotools.cocoeval import COCOeval
 
+from yolov9.core.detection_defaults import CONF, IOU
+
 CONF_GRID = np.linspace(0, 1, 1000)
 
 
@@ -59,7 +61,7 @@ def pr_curves(ev: COCOeval) -> dict:
 
 
 def confusion_matrix(
-    dets: list[torch.Tensor], gts: list[torch.Tensor], nc: int, conf: float = 0.25, iou: float = 0.45
+    dets: list[torch.Tensor], gts: list[torch.Tensor], nc: int, conf: float = CONF, iou: float = IOU
 ) -> np.ndarray:
     """(nc + 1, nc + 1) counts, rows predicted class, columns true class, index nc background. dets per image
     (n, 6) x1, y1, x2, y2, score, class; gts per image (m, 5) class, x1, y1, x2, y2, in the same pixel frame. A

@@ -49,7 +49,10 @@ def plot_results(rows: list[dict], out: Path) -> Path | None:
     return out
 
 
-def _curve(x, ys, names, mean, xlabel, ylabel, title, out: Path, mark: float | None = None) -> None:
+def _curve(x, ys, names, axes: tuple[str, str, str], out: Path, mark: float | None = None) -> None:
+    """One line per class and their mean (thick); axes: x label, y label, the mean's legend."""
+    xlabel, ylabel, title = axes
+    mean = ys.mean(0)
     fig, ax = plt.subplots(figsize=(8, 6))
     for y, name in zip(ys, names):
         ax.plot(x, y, linewidth=1, alpha=0.6 if len(names) < 21 else 0.25, label=name if len(names) < 21 else None)
@@ -71,15 +74,15 @@ def plot_curves(curves: dict, names: list[str], run_dir: Path) -> list[Path]:
     cls_names = [n for n, k in zip(names, keep) if k]
     conf, best = curves["conf"], curves["best_conf"]
     pr = curves["pr"][keep]
-    _curve(curves["recall_points"], pr, cls_names, pr.mean(0), "Recall", "Precision",
-           f"{pr.mean():.3f} mAP@0.5", run_dir / "PR_curve.png")  # fmt: skip
+    _curve(curves["recall_points"], pr, cls_names, ("Recall", "Precision", f"{pr.mean():.3f} mAP@0.5"),
+           run_dir / "PR_curve.png")  # fmt: skip
     out = [run_dir / "PR_curve.png"]
     for key, label, name in (("f1", "F1", "F1_curve.png"), ("precision", "Precision", "P_curve.png"),
                              ("recall", "Recall", "R_curve.png")):  # fmt: skip
         ys = curves[key][keep]
         i = int(np.abs(conf - best).argmin())
-        _curve(conf, ys, cls_names, ys.mean(0), "Confidence", label, f"{ys.mean(0)[i]:.2f} at {best:.3f}",
-               run_dir / name, mark=best)  # fmt: skip
+        _curve(conf, ys, cls_names, ("Confidence", label, f"{ys.mean(0)[i]:.2f} at {best:.3f}"), run_dir / name,
+               mark=best)  # fmt: skip
         out.append(run_dir / name)
     return out
 

@@ -6,6 +6,8 @@ gradients are not finite on the device (`found_inf`), so the host can queue the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -72,21 +74,32 @@ def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.Gr
     return torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
+    undone by scaling the loss), the clip norm, and CUDA graphs (taken where one GPU allows them)."""
+
+    amp_dtype: torch.dtype | None = None
+    channels_last: bool = True
+    world: int = 1
+    clip: float = 10.0
+    cuda_graph: bool = True
+
+
 def forward_backward(
     model: nn.Module,
     imgs: torch.Tensor,
     targets: torch.Tensor,
     loss_fn: DetectionLoss,
-    amp_dtype: torch.dtype | None,
     scaler: torch.amp.GradScaler,
-    channels_last: bool = True,
-    world: int = 1,
+    opts: StepOptions = StepOptions(),
     autocast_cache: bool = True,
 ):
     """One micro-batch: uint8 images to the device, normalised there, autocast forward, fp32 loss, backward.
-    Under DDP (world ranks) the loss is scaled by world: DDP averages gradients over ranks, and the official loss
-    is a sum over the batch, so this keeps the gradient of one process with the global batch. A CUDA graph capture
-    needs autocast_cache=False (autocast's cache of cast weights cannot outlive the capture)."""
+    Under DDP (opts.world ranks) the loss is scaled by world: DDP averages gradients over ranks, and the official
+    loss is a sum over the batch, so this keeps the gradient of one process with the global batch. A CUDA graph
+    capture needs autocast_cache=False (autocast's cache of cast weights cannot outlive the capture)."""
+    amp_dtype, channels_last, world = opts.amp_dtype, opts.channels_last, opts.world
     dev = next(model.parameters()).device
     x = imgs.to(dev, non_blocking=True)
     if channels_last and dev.type == "cuda":

@@ -20,12 +20,11 @@ from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
 from yolov9.train.config import TrainConfig
-from yolov9.train.data.dataset import DetectionDataset, build_loader
+from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
 from yolov9.train.data.formats import load_split, require_boxes, resolve_data
 from yolov9.train.ema import ModelEMA
 from yolov9.train.engine import (
     EpochPlan,
-    StepOptions,
     TrainStep,
     accumulation,
     accumulation_target,
@@ -36,7 +35,7 @@ from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.loss import DetectionLoss
 from yolov9.train.run_log import RunLog
 from yolov9.train.state import CheckpointWriter, TrainState, epoch_checkpoints, resume_config
-from yolov9.train.step import amp_dtype, build_optimizer, forward_backward, make_scaler
+from yolov9.train.step import StepOptions, amp_dtype, build_optimizer, forward_backward, make_scaler
 from yolov9.train.validate import evaluate, format_table
 
 
@@ -122,16 +121,14 @@ class Trainer:
         self.data_name = (
             str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
         )
-        kw = dict(cache=cfg.cache, workers=cfg.workers)
+        cache = Cache(cfg.cache, cfg.workers, self.dist) if cfg.cache else None
         train_index = require_boxes(load_split(spec, "train"), spec, "train", cfg.allow_empty)
-        self.train_ds = DetectionDataset(
-            train_index, cfg.img, augment=True, hyp=cfg.hyp, seed=cfg.seed, desc="train", dist_ctx=self.dist, **kw
-        )
+        self.train_ds = DetectionDataset(train_index, cfg.img, cfg.hyp, cache, cfg.seed, desc="train")
         # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
         self.val_ds = None
         if cfg.val and self.main:
             val_index = require_boxes(load_split(spec, "val"), spec, "val", cfg.allow_empty)
-            self.val_ds = DetectionDataset(val_index, cfg.img, desc="val", **kw)
+            self.val_ds = DetectionDataset(val_index, cfg.img, cache=cache, desc="val")
         if self.main:
             for ds in filter(None, (self.train_ds, self.val_ds)):
                 print(ds.describe())
@@ -169,9 +166,8 @@ class Trainer:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             imgs = torch.randint(0, 256, (b, 3, self.cfg.img, self.cfg.img), dtype=torch.uint8)
-            forward_backward(
-                self.model, imgs, torch.zeros(b, 1, 5), loss_fn, self.amp_dtype, no_scaling, self.cfg.channels_last
-            )
+            opts = StepOptions(self.amp_dtype, self.cfg.channels_last)
+            forward_backward(self.model, imgs, torch.zeros(b, 1, 5), loss_fn, no_scaling, opts)
             self.model.zero_grad(set_to_none=True)
             used.append(torch.cuda.max_memory_allocated(self.device))
         per = (used[1] - used[0]) / (sizes[1] - sizes[0])
@@ -207,7 +203,8 @@ class Trainer:
             if self.main:
                 print(f"resuming from epoch {self.state.epoch + 2} of {cfg.epochs}")
         self._make_step()
-        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic
+        # as officially, mosaic closes when the run reaches epochs - close_mosaic: never, in a shorter run
+        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic <= cfg.epochs else cfg.epochs
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
@@ -220,9 +217,8 @@ class Trainer:
         """Each rank's share of every global batch: the same images per step as one process would take."""
         d, pin = self.dist, self.device.type == "cuda"
         per_rank = self.state.batch // d.world
-        return build_loader(
-            self.train_ds, per_rank, self.cfg.workers, True, self.cfg.seed, d.rank, d.world, pin, start_epoch
-        )
+        sampler = EpochBatchSampler(len(self.train_ds), per_rank, self.cfg.seed, (d.rank, d.world), start_epoch)
+        return train_loader(self.train_ds, sampler, self.cfg.workers, pin)
 
     def _plan(self, loader) -> EpochPlan:
         cfg, batch = self.cfg, self.state.batch
@@ -237,9 +233,7 @@ class Trainer:
         loader = self._loader(epoch)
         val_loader, log, self.writer = None, None, CheckpointWriter()
         if self.val_ds is not None:
-            val_loader = build_loader(
-                self.val_ds, self.state.batch * 2, cfg.workers, False, pin=self.device.type == "cuda"
-            )
+            val_loader = eval_loader(self.val_ds, self.state.batch * 2, cfg.workers, pin=self.device.type == "cuda")
         if main:
             self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
             (self.dir / "args.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -319,7 +313,7 @@ class Trainer:
         )
         acc = accumulation(cfg.nbs, st.batch, cfg.accumulate)
         amp = {None: "off (fp32)", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.amp_dtype]
-        g = st.optimizer.param_groups[0]
+        g = st.optimizer.param_groups[1]  # the weights' group (biases and norms take no decay)
         graphs = "on" if self.step.graphs else "off"
         lines = [
             f"run      {self.dir}",
@@ -332,9 +326,9 @@ class Trainer:
             f"schedule, warm-up {cfg.hyp.warmup_epochs:g} epochs",
             f"data     {len(self.train_ds)} training images, {len(loader)} batches per epoch, {cfg.workers} workers, "
             f"cache {cfg.cache or 'none'}",
-            f"epochs   {cfg.epochs}, mosaic off for the last {cfg.close_mosaic}, validation every {cfg.val_interval}"
-            if cfg.val
-            else f"epochs   {cfg.epochs}, mosaic off for the last {cfg.close_mosaic}, no validation",
+            f"epochs   {cfg.epochs}, mosaic "
+            + (f"off for the last {cfg.close_mosaic}" if cfg.close_mosaic <= cfg.epochs else "in every epoch")
+            + (f", validation every {cfg.val_interval}" if cfg.val else ", no validation"),
         ]
         return "\n".join(lines)
 
@@ -372,7 +366,9 @@ class Trainer:
             gts = plots.training_batch_boxes(letterboxed_targets(batch, batch.images.shape[2:]), batch.images.shape[2:])
             plots.plot_batch(batch.images, gts, names, d / "val_batch0_labels.jpg")
             preds = [_to_letterbox(det, m) for det, m in zip(found, batch.metas)]
-            plots.plot_batch(batch.images, [x[x[:, 4] > 0.25] for x in preds], names, d / "val_batch0_pred.jpg", True)
+            plots.plot_batch(
+                batch.images, [x[x[:, 4] > 0.25] for x in preds], names, d / "val_batch0_pred.jpg", scores=True
+            )
 
     def _halve_batch(self, epoch: int):
         """After CUDA ran out of memory: the same epoch again at half the batch (a captured graph is dropped)."""

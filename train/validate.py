@@ -18,6 +18,7 @@ from pycocotools.cocoeval import COCOeval
 from tqdm import tqdm
 
 from yolov9.core.boxes import xywh2xyxy
+from yolov9.core.errors import BadInput
 from yolov9.core.modules import raw_outputs
 from yolov9.core.postprocess import main_head, per_image, postprocess_flat
 from yolov9.train.data.dataset import Batch, DetectionDataset
@@ -45,6 +46,38 @@ class Protocol:
 
 OFFICIAL = Protocol()
 DEPLOYMENT = Protocol(rect=False, multi_label=False)
+
+
+def class_index(model_names: list[str], data_names: list[str]) -> list[int] | None:
+    """For each of the data's classes the model's output index of the same name; None when the lists are equal.
+    A data class the model does not have is an error: its boxes could never be found, and scores would mislead."""
+    if list(model_names) == list(data_names):
+        return None
+    where = {n: i for i, n in enumerate(model_names)}
+    missing = [n for n in data_names if n not in where]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise BadInput(
+            f"the data's classes {shown} are not among the model's {len(model_names)} classes ({len(missing)} of "
+            f"{len(data_names)} missing): validate on data labelled with the model's classes"
+        )
+    return [where[n] for n in data_names]
+
+
+class ClassMapped:
+    """An engine whose class outputs are re-ordered (and cut) to a dataset's class list, matched by name."""
+
+    def __init__(self, engine, index: list[int]):
+        self.engine, self.index = engine, index
+        self.device, self.dtype = _device_dtype(engine)
+
+    def __getattr__(self, name: str):  # kind, img_size, ... of the engine
+        return getattr(self.engine, name)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        pred = main_head(self.engine(x))
+        cols = torch.tensor([0, 1, 2, 3, *(4 + i for i in self.index)], device=pred.device)
+        return pred.index_select(1, cols)
 
 
 def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> COCO:
@@ -159,7 +192,13 @@ def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[
     n_gt = len(gt.dataset["annotations"])
     result = {"map": 0.0, "map50": 0.0, "precision": 0.0, "recall": 0.0, "per_class": {}}
     result.update(images=len(shapes), instances=n_gt)
-    if not dets or not n_gt:
+    if not dets or not n_gt:  # nothing found (or nothing to find): every class with instances scores zero
+        counts = np.bincount([a["category_id"] for a in gt.dataset["annotations"]], minlength=len(ds.names))
+        result["per_class"] = {
+            ds.names[k]: {"instances": int(n), "p": 0.0, "r": 0.0, "ap50": 0.0, "ap": 0.0}
+            for k, n in enumerate(counts)
+            if n
+        }
         return result, None
     with contextlib.redirect_stdout(io.StringIO()):
         pred = gt.loadRes(np.array(dets, dtype=np.float64))

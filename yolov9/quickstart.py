@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from yolov9.core.detection_defaults import CONF
+
 
 def quickstart(args: argparse.Namespace) -> dict:
     import torch
@@ -36,7 +38,7 @@ def quickstart(args: argparse.Namespace) -> dict:
             "note: a 3-epoch CPU model scores about 1e-4; the request below uses conf=0.0001. Train longer (on a "
             "GPU) for real detections."
         )
-    return serve_once(f"{run}/weights/best.pt", port=args.port, conf=0.25 if gpu else 0.0001)
+    return serve_once(f"{run}/weights/best.pt", port=args.port, conf=CONF if gpu else 0.0001)
 
 
 def register(sub) -> None:

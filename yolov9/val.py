@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,11 +31,24 @@ def _trained_on(weights: str | None) -> str | None:
     return data
 
 
-def _report(res: dict, ds, engine_names: list[str], out: str | None) -> None:
+def _mapped(engine, ds):
+    """The engine as scored on `ds`: its classes matched to the data's by name when the lists differ (one note),
+    refused when the data has classes the model lacks."""
+    from yolov9.train.validate import ClassMapped, class_index
+
+    index = class_index(engine.names, ds.names)
+    if index is None:
+        return engine
+    print(
+        f"note: the model's {len(engine.names)} classes and the data's {len(ds.names)} differ; matched by name "
+        f"(detections of the model's other classes are left out)"
+    )
+    return ClassMapped(engine, index)
+
+
+def _report(res: dict, out: str | None) -> None:
     from yolov9.train.validate import format_table
 
-    if len(ds.names) != len(engine_names):
-        print(f"warning: the model has {len(engine_names)} classes and the data {len(ds.names)}", file=sys.stderr)
     print(format_table(res))
     print(f"{res['engine']}, {res['protocol']}: mAP50-95 {res['map']:.4f}  mAP50 {res['map50']:.4f}")
     if out:
@@ -57,9 +69,9 @@ def _val_one(args: argparse.Namespace) -> None:
         protocol = replace(protocol, rect=False, multi_label=False)
     ds = load_val_split(args.data or _trained_on(args.weights or spec), args.split, engine.img_size, protocol)
     print(ds.describe())
-    res = score_engine(engine, ds, protocol, args.batch, args.workers)
+    res = score_engine(_mapped(engine, ds), ds, protocol, args.batch, args.workers)
     res["engine"] = f"engine {engine.kind} at {engine.img_size} px"
-    _report(res, ds, engine.names, args.out)
+    _report(res, args.out)
 
 
 def _val_url(args: argparse.Namespace) -> None:
@@ -73,12 +85,12 @@ def _val_url(args: argparse.Namespace) -> None:
     print(ds.describe())
     per_image = detect_files(args.url, ds.images, args.conf, args.iou, args.max_det)
     dets = [[i, x1, y1, x2 - x1, y2 - y1, s, int(c)] for i, d in enumerate(per_image) for x1, y1, x2, y2, s, c in d]
-    res = score(ds, dict(enumerate(original_sizes(ds.images))), dets)
+    res, _ = score(ds, dict(enumerate(original_sizes(ds.images))), dets)
     res["engine"] = f"endpoint {args.url}"
     res["protocol"] = (
         f"the server's own pre- and post-processing (conf {args.conf:g}, IoU {args.iou:g}, at most {args.max_det})"
     )
-    _report(res, ds, ds.names, args.out)
+    _report(res, args.out)
 
 
 def _val_table(args: argparse.Namespace) -> None:
@@ -103,7 +115,7 @@ def _val_table(args: argparse.Namespace) -> None:
         key = (engine.img_size, protocol.rect)
         if key not in datasets:
             datasets[key] = load_val_split(data, args.split, engine.img_size, protocol)
-        res = score_engine(engine, datasets[key], protocol, args.batch, args.workers)
+        res = score_engine(_mapped(engine, datasets[key]), datasets[key], protocol, args.batch, args.workers)
         rows.append({"engine": name, "img": engine.img_size, **{k: res[k] for k in ("map", "map50", "images_per_s")}})
         rows[-1]["protocol"] = "official" if protocol.rect else "deployment"
     print(f"{'engine':<22}{'protocol':<12}{'img':>5}{'mAP50-95':>10}{'mAP50':>8}{'images/s':>10}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import secrets
 
-from fastapi import Depends, File, Query, Request, UploadFile
+from fastapi import Depends, Query, Request, UploadFile
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.image_io import ImageError, image_size
 from yolov9.serve.gateway.backend import TritonPool
 from yolov9.serve.gateway.errors import GatewayError
@@ -27,9 +28,9 @@ async def require_key(request: Request, settings: Settings = Depends(get_setting
 
 
 async def detect_params(
-    conf: float = Query(0.25, ge=0.0, le=1.0, description="score threshold"),
-    iou: float = Query(0.45, gt=0.0, le=1.0, description="NMS IoU threshold"),
-    max_det: int = Query(100, ge=1, le=1000, description="maximum detections per image"),
+    conf: float = Query(CONF, ge=0.0, le=1.0, description="score threshold"),
+    iou: float = Query(IOU, gt=0.0, le=1.0, description="NMS IoU threshold"),
+    max_det: int = Query(MAX_DET, ge=1, le=1000, description="maximum detections per image"),
     classes: str | None = Query(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep"),
 ) -> DetectParams:
     """Query parameters shared by the detect endpoints (bad values are answered with 422)."""
@@ -43,31 +44,111 @@ def check_content_type(ctype: str, what: str = "content type") -> None:
         )
 
 
-async def read_image(
-    request: Request, file: UploadFile | None = File(None), settings: Settings = Depends(get_settings)
-) -> bytes:
-    """The image from a multipart 'file' field or the raw body, size- and type-checked."""
-    limit = settings.max_upload_bytes
+CURL_FORM_HINT = (
+    "the body came as application/x-www-form-urlencoded (curl's default for --data-binary): send the image with "
+    "-H 'Content-Type: image/jpeg' (its own type), or as multipart -F file=@image.jpg"
+)
+
+
+def content_type(request: Request) -> str:
+    return request.headers.get("content-type", "application/octet-stream").split(";")[0].strip().lower()
+
+
+def check_declared_size(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + 4096:
         raise GatewayError(413, "too_large", f"upload over {limit} bytes")
-    if file is not None:
-        ctype = (file.content_type or "application/octet-stream").split(";")[0]
-        data = await file.read(limit + 1)
+
+
+async def multipart_files(request: Request, field: str, limit: int) -> list[UploadFile]:
+    """The uploaded files of one multipart field; a missing field, or text where a file belongs, is a 400 that
+    says what to send."""
+    form = await request.form()
+    items = form.getlist(field)
+    example = f"-F {field}=@image.jpg" + (f" -F {field}=@other.jpg" if field == "files" else "")
+    if not items:
+        others = sorted(set(form.keys()))
+        found = f"fields {', '.join(repr(k) for k in others)} but" if others else "no fields and"
+        raise GatewayError(400, "bad_request", f"multipart body with {found} no '{field}': send {example}")
+    if any(isinstance(x, str) for x in items):
+        raise GatewayError(400, "bad_request", f"'{field}' holds text, not a file: send {example} (mind the @)")
+    return items
+
+
+async def upload_bytes(f: UploadFile, limit: int, name: str = "upload") -> bytes:
+    check_content_type((f.content_type or "application/octet-stream").split(";")[0], f"{name}: content type")
+    data = await f.read(limit + 1)
+    if len(data) > limit:
+        raise GatewayError(413, "too_large", f"{name}: over {limit} bytes")
+    return data
+
+
+async def read_image(request: Request, settings: Settings = Depends(get_settings)) -> bytes:
+    """The image: the raw body (its content type an image type), or the multipart field 'file'; size- and
+    type-checked, and a form body that is not a file upload told how to send the image."""
+    limit = settings.max_upload_bytes
+    check_declared_size(request, limit)
+    ctype = content_type(request)
+    if ctype == "multipart/form-data":
+        (f,) = (await multipart_files(request, "file", limit))[:1]
+        data = await upload_bytes(f, limit, f.filename or "file")
+    elif ctype == "application/x-www-form-urlencoded":
+        raise GatewayError(415, "unsupported_type", CURL_FORM_HINT)
     else:
-        ctype = request.headers.get("content-type", "application/octet-stream").split(";")[0].strip()
+        check_content_type(ctype)
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                break
+                raise GatewayError(413, "too_large", f"upload over {limit} bytes")
         data = bytes(body)
-    check_content_type(ctype)
-    if len(data) > limit:
-        raise GatewayError(413, "too_large", f"upload over {limit} bytes")
     if not data:
         raise GatewayError(400, "bad_image", "empty body: send an image as the body or a multipart 'file'")
     return data
+
+
+async def read_images(request: Request, settings: Settings = Depends(get_settings)) -> list[bytes]:
+    """The images of the multipart field 'files' (the batch endpoint)."""
+    limit = settings.max_upload_bytes
+    if content_type(request) != "multipart/form-data":
+        raise GatewayError(415, "unsupported_type", "send the images as multipart: -F files=@a.jpg -F files=@b.jpg")
+    files = await multipart_files(request, "files", limit)
+    if len(files) > settings.max_batch_images:
+        raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
+    return [await upload_bytes(f, limit, f.filename or "files") for f in files]
+
+
+# the request bodies the OpenAPI page documents (the routes read them themselves, to answer mistakes in words)
+IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+            "image/png": {"schema": {"type": "string", "format": "binary"}},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                }
+            },
+        },
+    }
+}
+IMAGES_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["files"],
+                    "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                }
+            }
+        },
+    }
+}
 
 
 def image_hw(data: bytes) -> tuple[int, int]:

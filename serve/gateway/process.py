@@ -22,24 +22,17 @@ class GatewayProcess(ManagedProcess):
         host: str = "127.0.0.1",
         port: int = 8080,
         workers: int = 1,
-        model: str = "yolov9",
-        max_upload_bytes: int | None = None,
-        timeout_s: float | None = None,
-        api_key: str | None = None,
-        max_in_flight: int | None = None,
         log_file: str | Path | None = None,
+        **settings,
     ):
+        """settings: fields of serve/gateway/settings.py (model, api_key, max_upload_bytes, timeout_s, ...),
+        handed to the workers as their YOLOV9_* variables."""
         super().__init__()
         self.host, self.port, self.workers = host, port, workers
-        self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls), "YOLOV9_MODEL": model}
-        for key, value in (
-            ("YOLOV9_MAX_UPLOAD_BYTES", max_upload_bytes),
-            ("YOLOV9_TIMEOUT_S", timeout_s),
-            ("YOLOV9_API_KEY", api_key),
-            ("YOLOV9_MAX_IN_FLIGHT", max_in_flight),
-        ):
+        self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls)}
+        for key, value in settings.items():
             if value is not None:
-                self.env[key] = str(value)
+                self.env[f"YOLOV9_{key.upper()}"] = str(value)
         if workers > 1:  # prometheus-client aggregates the workers' metrics through files in this folder
             self.env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="yolov9-prom-")
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))

@@ -10,6 +10,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.serve.detector import Detector, Request
 
 
@@ -31,7 +32,7 @@ class TritonPythonModel:
         self.detector = Detector(
             engine,
             device=device,
-            max_det=int(params.get("max_det", 100)),
+            max_det=int(params.get("max_det", MAX_DET)),
             img_size=int(params.get("img_size", 640)),
             cuda_graphs=params.get("cuda_graphs", "1") == "1",
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
@@ -47,9 +48,9 @@ class TritonPythonModel:
             parsed.append(
                 Request(
                     data,
-                    conf=float(conf.reshape(-1)[0]) if conf is not None else 0.25,
-                    iou=float(iou.reshape(-1)[0]) if iou is not None else 0.45,
-                    max_det=int(max_det.reshape(-1)[0]) if max_det is not None else 100,
+                    conf=float(conf.reshape(-1)[0]) if conf is not None else CONF,
+                    iou=float(iou.reshape(-1)[0]) if iou is not None else IOU,
+                    max_det=int(max_det.reshape(-1)[0]) if max_det is not None else MAX_DET,
                     classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
                 )
             )

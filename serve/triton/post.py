@@ -7,6 +7,7 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
+from yolov9.core.detection_defaults import CONF, IOU
 from yolov9.core.postprocess import per_image, postprocess_flat
 from yolov9.core.preprocess import LetterboxMeta
 
@@ -17,7 +18,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in cfg["parameters"].items()}
         self.max_det = int(params["max_det"])
         # the ensemble's API carries no thresholds: they are set in this model's config
-        self.conf, self.iou = float(params.get("conf", 0.25)), float(params.get("iou", 0.45))
+        self.conf, self.iou = float(params.get("conf", CONF)), float(params.get("iou", IOU))
 
     def execute(self, requests):
         out = []

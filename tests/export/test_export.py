@@ -16,6 +16,7 @@ import torch
 
 from tests.conftest import rel_l2, requires_cuda
 from yolov9.core.checkpoint import load_model, save_checkpoint
+from yolov9.core.detection_defaults import Thresholds
 from yolov9.core.model import DetectionModel
 from yolov9.core.postprocess import nms_flat, per_image
 from yolov9.core.preprocess import decode_image, prepare_batch, to_input
@@ -57,9 +58,7 @@ def test_onnx_matches_pytorch(weights, interop, tmp_path, coco48):
 
 def test_end2end_nms_graph_equals_pytorch_nms(trained_tiny, tmp_path, coco48):
     conf, iou = 0.05, 0.45
-    out = export_onnx(
-        load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, end2end=True, conf=conf, iou=iou, max_det=100
-    )
+    out = export_onnx(load_model(trained_tiny), tmp_path / "e2e.onnx", img=160, nms=Thresholds(conf, iou, 100))
     eng = OnnxEngine(out, allow_end2end=True)
     x = _coco_batch(coco48, 8, 160)
     num, boxes, scores, classes = eng.run_end2end(x)
@@ -266,10 +265,10 @@ def _has_tensorrt() -> bool:
     reason="TensorRT is not installed here (it cannot be installed on our machines) or there is no CUDA GPU",
 )
 def test_tensorrt_engine_builds_and_matches_onnx(trained_tiny, tmp_path, coco48):
-    from yolov9.export.tensorrt import TensorRTEngine, build_engine, needs_fp16_onnx
+    from yolov9.export.tensorrt import BuildProfile, TensorRTEngine, build_engine, needs_fp16_onnx
 
     onnx_path = export_onnx(load_model(trained_tiny), tmp_path / "t.onnx", img=160, half=needs_fp16_onnx())
-    plan = build_engine(onnx_path, tmp_path / "t.plan", 1, 4, 8, 1.0, tmp_path / "cache")
+    plan = build_engine(onnx_path, tmp_path / "t.plan", BuildProfile(1, 4, 8, 1.0, tmp_path / "cache"))
     assert (tmp_path / "cache").exists() and plan.with_name(plan.name + ".json").exists()
     x = _coco_batch(coco48, 4, 160)
     got = TensorRTEngine(plan)(x.cuda()).cpu()
@@ -300,8 +299,11 @@ def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_pa
             "0.05",
             "--device",
             "cpu",
-            "--out",
-            str(tmp_path / "pred"),
+            "--project",
+            str(tmp_path),
+            "--save-txt",
+            "--save-conf",
+            "--save-crop",
         ],
         capture_output=True,
         text=True,
@@ -314,7 +316,36 @@ def test_predict_cli_prints_json_and_saves_annotated_images(trained_tiny, tmp_pa
     assert all(
         0 <= d["box"][0] <= d["box"][2] <= w and 0 <= d["box"][1] <= d["box"][3] <= h for d in rows[0]["detections"]
     )
-    assert Image.open(tmp_path / "pred" / imgs[0].name).size == (w, h)
+    run = tmp_path / "predict"
+    assert Image.open(run / imgs[0].name).size == (w, h)
+    labels = (run / "labels" / f"{imgs[0].stem}.txt").read_text().splitlines()
+    assert len(labels) == len(rows[0]["detections"]) and all(len(x.split()) == 6 for x in labels)
+    first = rows[0]["detections"][0]
+    cls, xc, yc, bw, bh, score = labels[0].split()
+    assert int(cls) == first["class_id"] and float(score) == pytest.approx(first["score"], abs=1e-4)
+    assert float(xc) * w == pytest.approx((first["box"][0] + first["box"][2]) / 2, abs=0.01)
+    crops = list((run / "crops").rglob("*.jpg"))
+    assert len(crops) >= len(rows[0]["detections"]) and (run / "crops" / first["class_name"]).is_dir()
+
+
+def test_predict_numbers_its_runs_and_reads_videos(trained_tiny, tmp_path, coco48):
+    import cv2
+
+    frames = [cv2.resize(cv2.imread(str(p)), (320, 240)) for p in sorted((coco48 / "images").glob("*.jpg"))[:3]]
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (320, 240))
+    for f in frames:
+        writer.write(f)
+    writer.release()
+    args = ["predict", str(trained_tiny), str(video), "--img", "160", "--conf", "0.05", "--device", "cpu"]
+    for _ in range(2):
+        r = _cli(*args, "--project", str(tmp_path / "runs"))
+        assert r.returncode == 0, r.stderr
+    rows = [__import__("json").loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert [x["frame"] for x in rows] == [0, 1, 2] and all(x["video"] == str(video) for x in rows)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["predict", "predict2"]
+    saved = cv2.VideoCapture(str(tmp_path / "runs" / "predict2" / "clip.mp4"))
+    assert int(saved.get(cv2.CAP_PROP_FRAME_COUNT)) == 3
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -383,3 +414,46 @@ def test_engine_without_its_metadata_is_an_error_naming_the_file(trained_tiny, t
     r = _cli("val", str(package), "--device", "cpu")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "m.pt2.json is missing" in lines[0], r.stderr
+
+
+def test_the_readme_python_example_runs_as_written(trained_tiny, tmp_path):
+    """In a folder where the quick start left its run (runs/train/latest), the README's Python block runs."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"<!-- python-example -->\n```python\n(.*?)```\n<!-- /python-example -->", readme, re.S).group(1)
+    (tmp_path / "runs" / "train").mkdir(parents=True)
+    (tmp_path / "runs" / "train" / "latest").symlink_to(trained_tiny.parents[1], target_is_directory=True)
+    r = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from yolov9.core.paths import sample_images
+
+    lines = [x for x in r.stdout.splitlines() if x.startswith(str(sample_images()[0].parent))]
+    assert len(lines) == len(sample_images()) and any("[('" in x for x in lines)  # names and scores printed
+
+
+def test_val_matches_classes_by_name_or_refuses_data_the_model_cannot_know(trained_tiny, tmp_path, coco48):
+    """80-class weights on a 2-class set in another order are scored by name, with a note; classes the model
+    lacks are a one-line error."""
+    import shutil
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    keep = {0: 1, 2: 0}  # COCO person -> 1, car -> 0
+    for img in sorted((coco48 / "images").glob("*.jpg"))[:16]:
+        shutil.copy(img, tmp_path / "images" / img.name)
+        lab = coco48 / "labels" / f"{img.stem}.txt"
+        rows = [r.split() for r in lab.read_text().splitlines()] if lab.exists() else []
+        kept = [" ".join([str(keep[int(r[0])]), *r[1:]]) for r in rows if int(r[0]) in keep]
+        (tmp_path / "labels" / f"{img.stem}.txt").write_text("\n".join(kept) + "\n" if kept else "")
+    (tmp_path / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [car, person]\n")
+    r = _cli("val", str(trained_tiny), "--data", str(tmp_path / "data.yaml"), "--img", "160", "--device", "cpu",
+             "--workers", "0", "--square", "--single-label")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "note: the model's 80 classes and the data's 2 differ; matched by name" in r.stdout
+    table = r.stdout[r.stdout.index("class ") :]
+    assert "person" in table and "car" in table and "bowl" not in table
+    (tmp_path / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [car, pedestrian]\n")
+    r = _cli("val", str(trained_tiny), "--data", str(tmp_path / "data.yaml"), "--img", "160", "--device", "cpu")
+    assert r.returncode == 2 and "the data's classes pedestrian are not among the model's 80 classes" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -11,6 +11,7 @@ import torch
 from yolov9.core.checkpoint import save_checkpoint
 from yolov9.core.coco_names import COCO_NAMES
 from yolov9.core.model import DetectionModel
+from yolov9.serve.config import RepoConfig
 from yolov9.serve.gateway.process import GatewayProcess
 from yolov9.serve.repository import build_repo
 from yolov9.serve.triton_server import TritonServer
@@ -36,9 +37,9 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def triton(checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
-    build_repo(checkpoint, repo, "yolov9", max_batch=16, queue_delay_us=1000, kind="cpu", img_size=IMG)
+    build_repo(checkpoint, repo, RepoConfig(max_batch=16, queue_delay_us=1000, kind="cpu", img=IMG))
     logs = tmp_path_factory.mktemp("logs")
-    srv = TritonServer(repo, free_port(), free_port(), free_port(), log_file=logs / "triton.log")
+    srv = TritonServer(repo, (free_port(), free_port(), free_port()), log_file=logs / "triton.log")
     srv.start(timeout=180, model="yolov9")
     yield srv
     srv.stop()

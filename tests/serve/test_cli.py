@@ -39,7 +39,7 @@ def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path)
     request gets the PyTorch model's detections."""
     import numpy as np
 
-    from yolov9.serve.cli import SAMPLES
+    from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
     from yolov9.serve.detector import Detector, Request
     from yolov9.serve.stack import serve_once
 
@@ -55,3 +55,47 @@ def test_triton_serves_an_aoti_package(aoti_cpu_package, trained_tiny, tmp_path)
     assert len(got) == n > 0
     np.testing.assert_allclose(got[:, :4], dets[:n, :4].numpy(), atol=0.05)
     np.testing.assert_array_equal(got[:, 5], dets[:n, 5].numpy())
+
+
+def test_serve_by_its_path_without_the_venv_activated(checkpoint, tmp_path):
+    """`/path/to/venv/bin/yolov9 serve` from a shell that never activated the venv: Triton's python backend still
+    runs this interpreter's packages."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .conftest import CONF, IMG, free_port
+
+    exe = Path(sys.executable).parent / "yolov9"
+    if not exe.exists():
+        pytest.skip(f"no console script beside {sys.executable} (not an installed environment)")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(d for d in ("/usr/bin", "/bin") if os.path.isdir(d))
+    ports = [str(free_port()) for _ in range(4)]
+    cmd = [str(exe), "serve", "--weights", str(checkpoint), "--once", "--img", str(IMG), "--conf", str(CONF),
+           "--port", ports[0], "--triton-http-port", ports[1], "--triton-grpc-port", ports[2],
+           "--triton-metrics-port", ports[3]]  # fmt: skip
+    assert shutil.which("python3", path=env["PATH"]) != sys.executable
+    r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "detections in" in r.stdout and "logs in" in r.stdout
+
+
+def test_a_model_that_fails_to_load_is_named_with_its_cause(checkpoint, tmp_path):
+    from yolov9.serve.config import RepoConfig
+    from yolov9.serve.repository import build_repo, read_config, write_config
+    from yolov9.serve.triton_server import TritonError, TritonServer
+
+    from .conftest import free_port
+
+    d = build_repo(checkpoint, tmp_path / "repo", RepoConfig(kind="cpu", img=160))
+    cfg = read_config(d)
+    cfg.parameters["engine"].string_value = str(tmp_path / "gone.pt")
+    write_config(d, cfg)
+    srv = TritonServer(tmp_path / "repo", (free_port(), free_port(), free_port()), log_file=tmp_path / "t.log")
+    with pytest.raises(TritonError) as e:
+        srv.start(timeout=180, model="yolov9")
+    msg = str(e.value)
+    assert "model 'yolov9' failed to load:" in msg and "gone.pt" in msg and "\n" not in msg, msg

@@ -57,6 +57,32 @@ def test_http_detections_equal_local_inference(gateway, checkpoint, coco48):
         assert all(d["class_name"] == COCO_NAMES[d["class_id"]] for d in body["detections"])
 
 
+def test_common_client_mistakes_get_a_json_4xx_that_says_what_to_send(gateway, coco48):
+    """curl's default form content type for --data-binary, a multipart field with another name, text where the
+    file belongs, an empty batch field: each a JSON error naming the fix, never a plain-text 500."""
+    img = _coco_images(coco48, 1)[0]
+    url = f"{gateway.url}/v1/detect?conf={CONF}"
+    cases = [
+        (httpx.post(url, content=img, headers={"Content-Type": "application/x-www-form-urlencoded"}), 415,
+         "Content-Type: image/jpeg"),
+        (httpx.post(url, files={"image": ("a.jpg", img, "image/jpeg")}), 400, "fields 'image' but no 'file'"),
+        (httpx.post(url, data={"file": "img.jpg"}, files={"other": ("x.txt", b"x", "text/plain")}), 400,
+         "'file' holds text, not a file"),
+        (httpx.post(f"{gateway.url}/v1/detect/batch", data={"files": ""}, files={"x": ("x", b"", "text/plain")}), 400,
+         "'files' holds text"),
+        (httpx.post(f"{gateway.url}/v1/detect/batch", files={"file": ("a.jpg", img, "image/jpeg")}), 400,
+         "no 'files': send -F files=@image.jpg"),
+        (httpx.post(f"{gateway.url}/v1/detect/batch", content=img, headers={"Content-Type": "image/jpeg"}), 415,
+         "multipart"),
+    ]  # fmt: skip
+    for r, status, hint in cases:
+        assert r.status_code == status, (r.status_code, r.text)
+        assert r.headers["content-type"] == "application/json" and hint in r.json()["detail"], r.text
+    spec = httpx.get(f"{gateway.url}/openapi.json").json()["paths"]
+    assert "multipart/form-data" in spec["/v1/detect"]["post"]["requestBody"]["content"]
+    assert "image/jpeg" in spec["/v1/detect"]["post"]["requestBody"]["content"]
+
+
 def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
     imgs = _coco_images(coco48, 3)
     r = httpx.post(f"{gateway.url}/v1/detect?conf={CONF}", files={"file": ("a.jpg", imgs[0], "image/jpeg")})

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from yolov9.serve.config import RepoConfig
 from yolov9.serve.repository import build_repo, read_config, write_config
 
 
 def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
-    d = build_repo(
-        checkpoint,
-        tmp_path,
-        "det",
-        max_batch=32,
-        queue_delay_us=800,
-        kind="gpu",
-        instances=2,
-        max_det=50,
-        img_size=640,
-        trt_variant=True,
-    )
+    cfg = RepoConfig("det", max_batch=32, queue_delay_us=800, kind="gpu", instances=2, max_det=50, img=640)
+    d = build_repo(checkpoint, tmp_path, replace(cfg, trt_variant=True))
     cfg = read_config(d)
     assert cfg.backend == "python" and cfg.max_batch_size == 32
     assert [(g.kind, g.count) for g in cfg.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2)]
@@ -44,7 +36,7 @@ def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
 
 def test_queue_delay_bounds(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="0.1-2 ms"):
-        build_repo(checkpoint, tmp_path, queue_delay_us=5000)
+        build_repo(checkpoint, tmp_path, RepoConfig(queue_delay_us=5000))
 
 
 def test_preferred_batch_sizes(checkpoint, tmp_path):
@@ -53,12 +45,14 @@ def test_preferred_batch_sizes(checkpoint, tmp_path):
     repository is touched."""
     default = read_config(build_repo(checkpoint, tmp_path))
     assert default.max_batch_size == 32 and list(default.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
-    none = read_config(build_repo(checkpoint, tmp_path, max_batch=16, preferred=[]))
+    none = read_config(build_repo(checkpoint, tmp_path, RepoConfig(max_batch=16, preferred_batch=[])))
     assert not none.dynamic_batching.preferred_batch_size and none.dynamic_batching.max_queue_delay_microseconds
-    cfg = (build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 16]) / "config.pbtxt").read_text()
+    cfg = (
+        build_repo(checkpoint, tmp_path, RepoConfig(max_batch=16, preferred_batch=[8, 16])) / "config.pbtxt"
+    ).read_text()
     assert list(read_config(tmp_path / "yolov9").dynamic_batching.preferred_batch_size) == [8, 16]
     with pytest.raises(ValueError, match="1..16"):
-        build_repo(checkpoint, tmp_path, max_batch=16, preferred=[8, 32])
+        build_repo(checkpoint, tmp_path, RepoConfig(max_batch=16, preferred_batch=[8, 32]))
     assert (tmp_path / "yolov9" / "config.pbtxt").read_text() == cfg
 
 
@@ -75,19 +69,13 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
     from yolov9.serve.detector import Detector, Request
     from yolov9.serve.triton_server import TritonServer
 
-    build_repo(trained_tiny, tmp_path / "repo", "det", max_batch=8, kind="cpu", img_size=160, trt_variant=True)
+    build_repo(trained_tiny, tmp_path / "repo", RepoConfig("det", max_batch=8, kind="cpu", img=160, trt_variant=True))
     post = read_config(tmp_path / "repo" / "det_post")
     post.parameters["conf"].string_value = "0.05"  # thresholds live in the config
     write_config(tmp_path / "repo" / "det_post", post)
     only_python = ["--model-control-mode=explicit", "--load-model=det_pre", "--load-model=det_post"]
-    srv = TritonServer(
-        tmp_path / "repo",
-        free_port(),
-        free_port(),
-        free_port(),
-        extra_args=only_python,
-        log_file=tmp_path / "triton.log",
-    )
+    ports = (free_port(), free_port(), free_port())
+    srv = TritonServer(tmp_path / "repo", ports, extra_args=only_python, log_file=tmp_path / "triton.log")
     with srv.start(timeout=180, model="det_post"):
         client = grpcclient.InferenceServerClient(srv.grpc_url)
         engine = TorchEngine(load_model(trained_tiny), "cpu", img_size=160)

@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from tests.serve.conftest import free_port
+from yolov9.core.coco_names import COCO_NAMES
+from yolov9.serve.config import RepoConfig
 from yolov9.serve.stack import ServingStack, StackConfig
 
 
@@ -26,13 +28,13 @@ def _val(*args: str) -> str:
 
 def test_val_of_a_live_endpoint_equals_local_deployment_val(trained_tiny, tiny_subset, tmp_path):
     data = tmp_path / "d.yaml"
-    data.write_text(yaml.safe_dump({"path": str(tiny_subset), "train": "images", "names": ["x"] * 80}))
+    data.write_text(yaml.safe_dump({"path": str(tiny_subset), "train": "images", "names": COCO_NAMES}))
     common = ["--data", str(data), "--max-det", "100", "--conf", "0.001"]
     local = _val(str(trained_tiny), "--device", "cpu", "--square", "--single-label", "--workers", "0", *common)
     assert "deployment protocol" in local
     ports = (free_port(), free_port(), free_port())
     cfg = StackConfig(str(trained_tiny), str(tmp_path / "repo"), port=free_port(), triton_ports=ports)
-    cfg.repo_options.update(kind="cpu", max_det=100, max_batch=8)
+    cfg.model = RepoConfig(kind="cpu", max_det=100, max_batch=8)
     with ServingStack(cfg) as stack:
         http = _val("--url", stack.url, *common)
         grpc = _val("--url", stack.triton.grpc_url, *common)

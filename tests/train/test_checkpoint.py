@@ -97,7 +97,7 @@ def test_info_cli_prints_params_and_gflops(interop):
         text=True,
         check=True,
     )
-    last = r.stdout.strip().splitlines()[-1]
+    last = next(x for x in r.stdout.splitlines() if "parameters," in x)
     assert "25,498,752 parameters" in last and "GFLOPs at 640" in last
     gflops = float(last.split("parameters, ")[1].split(" GFLOPs")[0])
     assert 95 < gflops < 110  # official summary: 103.5

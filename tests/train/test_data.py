@@ -12,7 +12,8 @@ import yaml
 
 from yolov9.core.errors import BadInput
 from yolov9.core.paths import sample_images
-from yolov9.train.data.dataset import DetectionDataset, EpochBatchSampler, build_loader
+from yolov9.train.config import Hyp
+from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
 
 
@@ -70,7 +71,7 @@ def test_voc_xml_loads_and_reports_unknown_classes(coco48, tmp_path):
     assert [len(lab) for lab in idx.labels] == [1, 2, 3, 4]
     summary = idx.problems.summary()
     assert "unknown class" in summary and "unreadable annotation" in summary and "broken.xml" in summary
-    ds = DetectionDataset(idx, 128, augment=False)
+    ds = DetectionDataset(idx, 128)
     img, lab, _, _ = ds[0]
     assert img.shape == (3, 128, 128) and img.dtype == torch.uint8
 
@@ -101,7 +102,7 @@ def messy_dataset(coco48, tmp_path) -> Path:
 
 def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     idx = load_split(resolve_data(messy_dataset), "train")
-    ds = DetectionDataset(idx, 160, augment=True)
+    ds = DetectionDataset(idx, 160, augment=Hyp())
     summary = ds.problems.summary()
     assert len(ds) == 5  # 7 files, truncated and fake image skipped
     for kind in (
@@ -119,7 +120,7 @@ def test_bad_data_is_skipped_and_reported_once(messy_dataset):
     # out-of-range file keeps its one valid row; empty, missing and garbage label files give background images
     assert [rows[s] for s in stems[1:5]] == [1, 0, 0, 0]
     assert rows[stems[5]] == len((messy_dataset / "labels" / f"{stems[5]}.txt").read_text().split("\n")) - 1
-    loader = build_loader(ds, 4, 0, True, epochs=1)
+    loader = train_loader(ds, EpochBatchSampler(len(ds), 4, epochs=1))
     seen = sum(b.images.shape[0] for b in loader)
     assert seen == 5
     full = ds.problems.summary(full=True)  # data_problems.txt: every file, with its path
@@ -176,7 +177,7 @@ def test_yaml_errors_keep_their_line_and_column(tmp_path):
 
 
 def test_augmented_samples_are_deterministic_per_epoch(coco48):
-    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 160, augment=True)
+    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 160, augment=Hyp())
     a, la, _, _ = ds[(3, 7)]
     b, lb, _, _ = ds[(3, 7)]
     c, _, _, _ = ds[(4, 7)]
@@ -192,9 +193,9 @@ def test_cache_modes_give_identical_samples(coco48, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     idx = load_split(resolve_data(coco48), "train")
     idx.images, idx.labels = idx.images[:8], idx.labels[:8]
-    plain = DetectionDataset(idx, 128, augment=True)
-    ram = DetectionDataset(idx, 128, augment=True, cache="ram", workers=2)
-    disk = DetectionDataset(idx, 128, augment=True, cache="disk", workers=2)
+    plain = DetectionDataset(idx, 128, augment=Hyp())
+    ram = DetectionDataset(idx, 128, augment=Hyp(), cache=Cache("ram", workers=2))
+    disk = DetectionDataset(idx, 128, augment=Hyp(), cache=Cache("disk", workers=2))
     for i in range(3):
         assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
 
@@ -202,7 +203,7 @@ def test_cache_modes_give_identical_samples(coco48, tmp_path, monkeypatch):
 def test_batch_sampler_runs_epochs_back_to_back_and_splits_ranks():
     parts = []
     for rank in range(3):
-        s = EpochBatchSampler(10, 3, shuffle=True, seed=1, rank=rank, world=3, start_epoch=2, epochs=4)
+        s = EpochBatchSampler(10, 3, seed=1, shard=(rank, 3), start_epoch=2, epochs=4)
         batches = list(s)
         assert len(s) == 2 and [len(b) for b in batches] == [3, 1, 3, 1]  # a batch never spans two epochs
         assert [b[0][0] for b in batches] == [2, 2, 3, 3]
@@ -218,9 +219,9 @@ def test_batch_sampler_runs_epochs_back_to_back_and_splits_ranks():
 
 
 def test_loader_keys_carry_the_epoch(coco48):
-    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 96, augment=True)
+    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 96, augment=Hyp())
     ds.images, ds.labels = ds.images[:6], ds.labels[:6]
-    loader = build_loader(ds, 4, 2, True, start_epoch=5, epochs=7)
+    loader = train_loader(ds, EpochBatchSampler(len(ds), 4, start_epoch=5, epochs=7), workers=2)
     batches = list(loader)
     assert len(batches) == 4 and [len(b[3]) for b in batches] == [4, 2, 4, 2]
     direct = ds[(5, int(batches[0][3][0]))][0]
@@ -344,9 +345,9 @@ def test_rect_batches_equal_the_official_definition(tmp_path):
     assert [i for b in sampler.batches for i in b] == order.tolist()
     for k, b in enumerate(sampler.batches):
         assert {sampler.shapes[i] for i in b} == {tuple(shapes[k])}
-    loader = build_loader(ds, 4, 0, False, rect=True)
+    loader = eval_loader(ds, 4, rect=True)
     for batch in loader:  # every image of a batch in its batch's shape, boxes mapped back
         assert tuple(batch.images.shape[2:]) == sampler.shapes[int(batch.indices[0])]
         assert all(m.ratio <= 1.0 for m in batch.metas)
-    square = next(iter(build_loader(ds, 4, 0, False)))  # a later plain loader is square again
+    square = next(iter(eval_loader(ds, 4)))  # a later plain loader is square again
     assert tuple(square.images.shape[2:]) == (320, 320)

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 from yolov9.train.ema import ModelEMA
-from yolov9.train.step import build_optimizer, forward_backward, load_optimizer_state, make_scaler, optimizer_step
+from yolov9.train.step import (
+    StepOptions,
+    build_optimizer,
+    forward_backward,
+    load_optimizer_state,
+    make_scaler,
+    optimizer_step,
+)
 
 
 def _net() -> nn.Module:
@@ -31,7 +38,7 @@ def _loss(poison: bool = False):
 
 
 def _step(model, opt, scaler, ema=None, poison=False) -> torch.Tensor:
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(poison), None, scaler)
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(poison), scaler)
     return optimizer_step(model, opt, scaler, ema, 10.0)
 
 
@@ -47,7 +54,7 @@ def test_fused_step_equals_plain_sgd():
     opt_a, opt_b = build_optimizer(a, "SGD", 0.05, 0.937, 5e-4), _reference(b, 0.05)
     for _ in range(3):
         assert float(_step(a, opt_a, make_scaler(torch.device("cpu"), None))) == 0.0
-        forward_backward(b, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+        forward_backward(b, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
         nn.utils.clip_grad_norm_(b.parameters(), 10.0)
         opt_b.step()
         opt_b.zero_grad()
@@ -83,7 +90,7 @@ def test_nonfinite_loss_skips_even_the_first_step_and_changes_nothing(optimizer,
 def test_state_of_an_unfused_optimizer_resumes_fused():
     model = _net()
     plain = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
     plain.step()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
     load_optimizer_state(opt, plain.state_dict())
@@ -94,7 +101,7 @@ def test_state_of_an_unfused_optimizer_resumes_fused():
 def test_step_needs_a_fused_optimizer():
     model = _net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), None, make_scaler(torch.device("cpu"), None))
+    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
     with pytest.raises(ValueError, match="fused optimizer"):
         optimizer_step(model, opt, make_scaler(torch.device("cpu"), None), None, 10.0)
 
@@ -127,13 +134,13 @@ def test_training_step_never_waits_for_the_host_on_a_gpu(amp):
 
     model, loss_fn, scaler = _gpu_setup(amp)
     opt, ema = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4), ModelEMA(model)
-    graphed = GraphedStep(model, loss_fn, amp, scaler, warmup=2)
+    graphed = GraphedStep(model, loss_fn, scaler, StepOptions(amp), warmup=2)
     imgs, targets = _gpu_batch(0)
     # eager steps: the first allocates, picks kernels and caches the loss constants; the later ones must not sync
     for i in range(3):
         torch.cuda.set_sync_debug_mode("error" if i else "default")
         try:
-            forward_backward(model, imgs, targets, loss_fn, amp, scaler)
+            forward_backward(model, imgs, targets, loss_fn, scaler, StepOptions(amp))
             optimizer_step(model, opt, scaler, ema, 10.0, keep_grads=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
@@ -162,12 +169,12 @@ def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
     eager, loss_fn, scaler = _gpu_setup(None)
     graph_model = copy.deepcopy(eager)
     opts = [build_optimizer(m, "SGD", 0.01, 0.937, 5e-4) for m in (eager, graph_model)]
-    graphed = GraphedStep(graph_model, loss_fn, None, make_scaler(torch.device("cuda"), None), warmup=2)
+    graphed = GraphedStep(graph_model, loss_fn, make_scaler(torch.device("cuda"), None), warmup=2)
     # box counts grow past the captured buffer once (a second capture); the last batch is short (eager)
     plan = [(1, 4), (2, 4), (3, 4), (1, 4), (90, 4), (5, 4), (2, 3)]
     for i, (boxes, b) in enumerate(plan):
         imgs, targets = _gpu_batch(i, boxes, b)
-        _, want = forward_backward(eager, imgs, targets, loss_fn, None, scaler)
+        _, want = forward_backward(eager, imgs, targets, loss_fn, scaler)
         _, got = graphed(imgs, targets)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         for m, o in zip((eager, graph_model), opts):
@@ -203,7 +210,7 @@ def _train_steps(cfg: str, amp, graphs: bool, data: _Batches, start: dict | None
     `lr_drop_at` (as the schedule changes it); returns the losses, the model, the EMA, the step and the state a
     checkpoint would save."""
     from yolov9.core.model import DetectionModel
-    from yolov9.train.graphed_step import StepOptions, TrainStep
+    from yolov9.train.engine import TrainStep
     from yolov9.train.loss import DetectionLoss
 
     dev = torch.device("cuda")

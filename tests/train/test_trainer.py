@@ -200,7 +200,7 @@ def test_cuda_graphs_are_the_default_and_the_cpu_trains_eagerly(subset, tmp_path
     trainer.fit()
     assert not trainer.step.graphs and trainer.step.captures == 0
     with pytest.raises(ValueError, match="--cuda-graph needs one CUDA GPU"):
-        GraphedStep(trainer.model, trainer.loss_fn, None, trainer.state.scaler)
+        GraphedStep(trainer.model, trainer.loss_fn, trainer.state.scaler)
 
 
 def test_dual_head_model_trains_and_validates(subset, tmp_path):

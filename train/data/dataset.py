@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -65,22 +66,31 @@ def read_resized(path: Path, size: int, augment: bool) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
+@dataclass(frozen=True)
+class Cache:
+    """Decoded, resized images kept in 'ram' (one shared-memory copy per machine) or on 'disk' (.npy beside the
+    cache folder), filled by `workers` threads; `dist` tells the ranks of a machine apart."""
+
+    mode: str = "ram"
+    workers: int = 8
+    dist: DistContext | None = None
+
+
 class DetectionDataset(Dataset):
     def __init__(
         self,
         index: DatasetIndex,
         img_size: int = 640,
-        augment: bool = False,
-        hyp: Hyp | None = None,
-        cache: str | None = None,
+        augment: Hyp | None = None,
+        cache: Cache | None = None,
         seed: int = 0,
-        workers: int = 8,
         desc: str = "data",
-        dist_ctx: DistContext | None = None,
         original: bool = False,
     ):
-        """original: validation items are letterboxed from the decoded original image, as prediction and the
-        server do (no cache); otherwise from the image resized to img_size (the official validator's input)."""
+        """augment: training samples with these hyper-parameters (mosaic, mixup, affine, HSV, flips), else the
+        letterboxed inference view. original: validation items are letterboxed from the decoded original image,
+        as prediction and the server do (no cache); otherwise from the image resized to img_size (the official
+        validator's input)."""
         keep = []
         for i, p in enumerate(tqdm(index.images, desc=f"{desc}: checking images", leave=False)):
             reason = check_image(p)
@@ -94,18 +104,18 @@ class DetectionDataset(Dataset):
         if not self.images:
             raise MissingInput(f"{desc}: no readable images")
         self.desc = desc
-        self.img_size, self.augment, self.hyp = img_size, augment, hyp or Hyp()
+        self.img_size, self.augment, self.hyp = img_size, augment is not None, augment or Hyp()
         self.seed = seed
         # Mosaic is on for epochs below this (the trainer sets it from --close-mosaic). Samples are keyed by
         # (epoch, index), so a worker computes any epoch's sample without state shared with the trainer.
         self.mosaic_until = 1 << 30
-        self.original = original and not augment
-        self.cache_mode = None if self.original else cache
+        self.original = original and not self.augment
+        self.cache_mode = None if self.original or cache is None else cache.mode
         self.ram: np.ndarray | None = None
         if self.cache_mode == "ram":
-            self._cache_ram(workers, desc, dist_ctx or DistContext())
+            self._cache_ram(cache.workers, desc, cache.dist or DistContext())
         elif self.cache_mode == "disk":
-            self._cache_disk(workers, desc)
+            self._cache_disk(cache.workers, desc)
 
     def describe(self) -> str:
         """One line with what this split holds, so a dataset that loads but is not what was meant shows at once."""
@@ -295,16 +305,16 @@ class EpochBatchSampler(Sampler[list]):
         self,
         n: int,
         batch: int,
-        shuffle: bool = True,
         seed: int = 0,
-        rank: int = 0,
-        world: int = 1,
+        shard: tuple[int, int] = (0, 1),
         start_epoch: int = 0,
         epochs: int | None = None,
+        shuffle: bool = True,
     ):
+        """shard: (rank, world) of this process."""
         self.n, self.batch, self.shuffle, self.seed = n, batch, shuffle, seed
-        self.rank, self.world, self.start_epoch, self.epochs = rank, world, start_epoch, epochs
-        self.per_rank = -(-n // world)
+        (self.rank, self.world), self.start_epoch, self.epochs = shard, start_epoch, epochs
+        self.per_rank = -(-n // self.world)
 
     def epoch_indices(self, epoch: int) -> list[int]:
         if self.shuffle:
@@ -332,21 +342,7 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)
 
 
-def build_loader(
-    ds: DetectionDataset,
-    batch: int,
-    workers: int,
-    shuffle: bool,
-    seed: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    pin: bool = False,
-    start_epoch: int = 0,
-    epochs: int | None = None,
-    rect: bool = False,
-) -> DataLoader:
-    """Augmenting datasets get the continuous (epoch, index) batch sampler; others a plain sequential loader, or
-    with rect the official rectangular validation batches."""
+def _loader_options(ds: DetectionDataset, workers: int, pin: bool) -> dict:
     kw = dict(
         num_workers=workers,
         collate_fn=collate,
@@ -357,12 +353,22 @@ def build_loader(
     )
     if workers > 0 and ds.ram is not None and sys.platform.startswith("linux"):
         kw["multiprocessing_context"] = "fork"  # workers inherit the shared cache mapping instead of a pickled copy
-    if not ds.augment:
-        if rect:
-            return DataLoader(ds, batch_sampler=RectBatchSampler(ds, batch), **kw)
-        return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
-    sampler = EpochBatchSampler(len(ds), batch, shuffle, seed, rank, world, start_epoch, epochs)
-    return DataLoader(ds, batch_sampler=sampler, **kw)
+    return kw
+
+
+def train_loader(ds: DetectionDataset, sampler: EpochBatchSampler, workers: int = 0, pin: bool = False) -> DataLoader:
+    """An augmenting dataset's batches from the continuous (epoch, index) sampler."""
+    return DataLoader(ds, batch_sampler=sampler, **_loader_options(ds, workers, pin))
+
+
+def eval_loader(
+    ds: DetectionDataset, batch: int, workers: int = 0, rect: bool = False, pin: bool = False
+) -> DataLoader:
+    """Validation batches in order, or with rect the official rectangular ones."""
+    kw = _loader_options(ds, workers, pin)
+    if rect:
+        return DataLoader(ds, batch_sampler=RectBatchSampler(ds, batch), **kw)
+    return DataLoader(ds, batch_size=batch, shuffle=False, **kw)
 
 
 __all__ = [
@@ -370,7 +376,9 @@ __all__ = [
     "DetectionDataset",
     "EpochBatchSampler",
     "RectBatchSampler",
-    "build_loader",
+    "Cache",
+    "eval_loader",
+    "train_loader",
     "collate",
     "ImageError",
 ]

@@ -6,18 +6,20 @@ import asyncio
 import io
 import time
 
-from fastapi import APIRouter, Depends, File, Request, UploadFile
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from yolov9.core.image_io import detections_to_json
 from yolov9.serve.gateway import metrics
 from yolov9.serve.gateway.backend import BackendError, TritonPool
 from yolov9.serve.gateway.dependencies import (
-    check_content_type,
+    IMAGE_BODY,
+    IMAGES_BODY,
     detect_params,
     get_pool,
     image_hw,
     read_image,
+    read_images,
     require_key,
 )
 from yolov9.serve.gateway.errors import GatewayError
@@ -57,7 +59,12 @@ async def detect_one(request: Request, data: bytes, p: DetectParams, pool: Trito
     }
 
 
-@router.post("", response_model=DetectResponse, summary="Detect objects in one image (multipart 'file' or raw body)")
+@router.post(
+    "",
+    response_model=DetectResponse,
+    summary="Detect objects in one image (raw body with an image content type, or multipart 'file')",
+    openapi_extra=IMAGE_BODY,
+)
 async def detect(
     request: Request,
     params: DetectParams = Depends(detect_params),
@@ -68,23 +75,19 @@ async def detect(
     return JSONResponse(await detect_one(request, data, params, pool, settings))
 
 
-@router.post("/batch", response_model=BatchResponse, summary="Detect objects in several images (multipart 'files')")
+@router.post(
+    "/batch",
+    response_model=BatchResponse,
+    summary="Detect objects in several images (multipart 'files')",
+    openapi_extra=IMAGES_BODY,
+)
 async def detect_batch(
     request: Request,
     params: DetectParams = Depends(detect_params),
-    files: list[UploadFile] = File(...),
+    blobs: list[bytes] = Depends(read_images),
     pool: TritonPool = Depends(get_pool),
     settings: Settings = Depends(get_settings),
 ):
-    if len(files) > settings.max_batch_images:
-        raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
-    blobs = []
-    for f in files:
-        check_content_type((f.content_type or "application/octet-stream").split(";")[0], f"{f.filename}: content type")
-        data = await f.read(settings.max_upload_bytes + 1)
-        if len(data) > settings.max_upload_bytes:
-            raise GatewayError(413, "too_large", f"{f.filename}: over {settings.max_upload_bytes} bytes")
-        blobs.append(data)
     metrics.BATCH_SIZE.observe(len(blobs))
     results = await asyncio.gather(*(detect_one(request, b, params, pool, settings) for b in blobs))
     return JSONResponse({"results": list(results)})
@@ -94,6 +97,7 @@ async def detect_batch(
     "/annotated",
     responses={200: {"content": {"image/jpeg": {}}}},
     summary="The image with detected boxes drawn on it (JPEG)",
+    openapi_extra=IMAGE_BODY,
 )
 async def detect_annotated(
     request: Request,

@@ -1,0 +1,115 @@
+"""The serving commands' options as dataclasses (the command line is generated from them, core/options.py), so each
+is callable from Python: the model repository (`RepoConfig`), `loadtest` (`LoadtestConfig`) and `bench detector`
+(`BenchDetectorConfig`). Torch-free, so `--help` is fast."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+from yolov9.core.detection_defaults import CONF, MAX_DET
+from yolov9.core.options import int_list, option
+from yolov9.core.paths import SAMPLE_IMAGES
+
+
+def batch_sizes(text: str) -> list[int]:
+    """--preferred-batch: a comma list of sizes, or 'none' (an empty list)."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers or 'none'") from None
+
+
+@dataclass
+class RepoConfig:
+    """How the model repository serves an engine: Triton's batcher, the model instances and the output size."""
+
+    name: str = option("yolov9", "model name in the repository")
+    max_batch: int = option(
+        32,
+        "Triton max_batch_size (under MPS the longest batches set the tail latency, and capping them at 32 served "
+        "as much at a lower p99; docs/benchmarks.md)",
+    )
+    queue_delay_us: int = option(500, "dynamic batching queue delay (100-2000 us)")
+    preferred_batch: list[int] | None = option(
+        None,
+        "comma list of batch sizes Triton's batcher cuts batches at when it can, or 'none' to send whatever is "
+        "queued (default 4,8,16,32,64 up to --max-batch)",
+        type=batch_sizes,
+        metavar="SIZES",
+    )
+    instances: int = option(
+        1, "model instances (processes); several share one GPU best under `serve triton --mps` (docs/benchmarks.md)"
+    )
+    kind: Literal["auto", "gpu", "cpu"] = option("auto", "instance kind")
+    max_det: int = option(MAX_DET, "detections per image (fixed output size)")
+    img: int | None = option(None, "inference size (default: the engine's)")
+    cuda_graphs: bool = option(
+        True, "GPU instances replay one CUDA graph per batch bucket (--no-cuda-graphs: the engine kernel by kernel)"
+    )
+    max_queue: int = option(1024, "requests Triton queues per model before it refuses more")
+    trt_variant: bool = option(False, "also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton")
+    copy_engine: bool = option(
+        True, "copy the engine file into the repository (else refer to it where it is)", cli=False
+    )
+
+
+@dataclass
+class LoadtestConfig:
+    """`yolov9 loadtest`: real images against one URL, closed-loop steps or an open-loop rate."""
+
+    target: Literal["gateway", "triton"] = option("gateway", "what URL points at")
+    url: str | None = option(
+        None,
+        "gateway base URL or Triton gRPC host:port (default: http://127.0.0.1:8080 for the gateway, 127.0.0.1:8001 "
+        "for Triton)",
+    )
+    images: str = option(str(SAMPLE_IMAGES), "folder of images to send (cycled)")
+    concurrency: list[int] = option(
+        factory=lambda: [1, 8, 32], help="comma list: closed-loop sweep steps", type=int_list
+    )
+    rate: float | None = option(None, "open-loop requests/s instead of a concurrency sweep")
+    duration: float = option(10.0, "seconds per step (after warm-up)")
+    requests: int | None = option(None, "stop a step after this many measured requests (warm-up ones not counted)")
+    warmup: float = option(2.0, "seconds of warm-up per step, not counted")
+    procs: int = option(1, "client processes sharing the load")
+    model: str = option("yolov9", "Triton model name (target triton)")
+    conf: float = option(CONF, "score threshold sent with each request")
+    timeout: float = option(30.0, "per-request timeout in seconds")
+    plot: list[str] | None = option(
+        None,
+        "send nothing: draw these saved results on one chart (written to --out with .png)",
+        nargs="+",
+        metavar="RESULT_JSON",
+        type=str,
+    )
+    triton_metrics: str | None = option(None, "Triton metrics URL to scrape (queue/compute time, batch)")
+    timeline: bool = option(
+        False, "also write requests and errors per second over the run (for failover and roll-out runs) as PNG"
+    )
+    out: str = option("loadtest.json", "results JSON (CSV and PNG are written beside it)")
+
+
+@dataclass
+class BenchDetectorConfig:
+    """`yolov9 bench detector`: one Triton batch's serving computation on real images, no server."""
+
+    engine: str = option(help="engine file (.pt2, .onnx, .plan), checkpoint or zoo name", positional=True)
+    images: str = option(str(SAMPLE_IMAGES), "folder of images (cycled to fill each batch)")
+    batches: list[int] = option(factory=lambda: [1, 8, 32, 64], help="comma list of batch sizes", type=int_list)
+    img: int = option(640, "inference size")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    conf: float = option(CONF, "score threshold of the requests")
+    iters: int = option(20, "timed batches per size")
+    warmup: int = option(3, "untimed batches per size")
+    cuda_graphs: bool = option(True, "run the engine with CUDA-graph buckets (--no-cuda-graphs: without)")
+    procs: int = option(
+        1,
+        "run it in this many processes at once (as that many Triton instances would) and report their combined "
+        "images/s, without the per-stage split",
+    )
+    mps: bool = option(False, "with --procs: run the processes under a CUDA MPS daemon")
+    out: str | None = option(None, "write the rows as JSON here")
