@@ -110,11 +110,10 @@ def test_no_function_takes_more_than_seven_parameters():
 
 def test_the_wheel_installs_one_top_level_package(tmp_path):
     """Built for real: nothing but `yolov9` at the top of site-packages (no `core`, `train`, ... to collide with)."""
+    import shutil
     import subprocess
     import sys
     import zipfile
-
-    import shutil
 
     src = tmp_path / "src"  # a copy: a build folder left in the checkout by an earlier build must not leak in
     junk = shutil.ignore_patterns(".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".gpu", "tests", "docs")
