@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from yolov9.core.detection_defaults import CONF
-from yolov9.core.errors import BadInput
+from yolov9.core.errors import BadInput, Unavailable
 from yolov9.core.options import add_options, from_namespace
 from yolov9.serve.config import BenchDetectorConfig, LoadtestConfig, RepoConfig
 
@@ -43,13 +43,19 @@ def _interrupt(signum, frame):
 
 
 def _wait_forever(*procs) -> None:
+    """Until Ctrl-C or SIGTERM; a server that exits by itself ends the command with an error (a non-zero exit)."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the servers as cleanly as Ctrl-C does
     try:
         while all(p.running() for p in procs):
             time.sleep(0.5)
-        print("a server process exited; stopping")
     except KeyboardInterrupt:
         print("stopping")
+        return
+    dead = next(p for p in procs if not p.running())
+    from yolov9.serve.triton_server import exit_cause
+
+    cause = exit_cause(dead.proc.returncode, getattr(dead, "log_file", None))
+    raise Unavailable(f"{type(dead).__name__} exited with code {dead.proc.returncode}: {cause}")
 
 
 def _serve_until_stopped(server, message: str) -> None:
@@ -62,29 +68,32 @@ def _serve_until_stopped(server, message: str) -> None:
 
 def _triton_server(args: argparse.Namespace, log_file: str | Path | None):
     """The Triton server the serve options describe (repository, ports, host)."""
+    from yolov9.serve.deploy import serving_model
     from yolov9.serve.triton_server import TritonServer
 
     ports = (args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port)
-    return TritonServer(args.repo, ports, host=args.host, log_file=log_file, mps=args.mps)
+    explicit = ["--model-control-mode=explicit", f"--load-model={serving_model(args.repo, args.name)}"]
+    return TritonServer(args.repo, ports, args.host, log_file, explicit, args.mps)
 
 
 def _cmd_triton(args: argparse.Namespace) -> None:
+    from yolov9.serve.deploy import serving_model
+
     srv = _triton_server(args, args.log)
-    srv.start(args.timeout, model=args.name)
+    srv.start(args.timeout, model=serving_model(args.repo, args.name))
     _serve_until_stopped(srv, f"Triton ready: gRPC {srv.grpc_url}, HTTP {srv.http_url}, metrics {srv.metrics_url}")
 
 
 def _cmd_gateway(args: argparse.Namespace) -> None:
+    import os
+
     from yolov9.serve.gateway.process import GatewayProcess
 
-    gw = GatewayProcess(
-        args.triton.split(","),
-        args.host,
-        args.port,
-        args.workers,
-        model=args.name,
-        max_upload_bytes=args.max_upload_bytes,
-    )
+    urls = (args.triton or os.environ.get("YOLOV9_TRITON_URLS") or "127.0.0.1:8001").split(",")
+    settings = {
+        k: getattr(args, k) for k in ("max_upload_bytes", "header_timeout_s", "body_timeout_s", "max_connections")
+    }
+    gw = GatewayProcess(urls, args.host, args.port, args.workers, model=args.name, repo=args.repo, **settings)
     gw.start()
     _serve_until_stopped(gw, f"gateway on {gw.url} (docs at {gw.url}/docs), Triton at {args.triton}")
 
@@ -99,16 +108,46 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     repo = None if args.once and args.repo == REPO else args.repo  # --once leaves the served repository alone
     cfg = StackConfig(
         args.weights, repo, args.host, args.port, args.workers, ports, args.mps, args.timeout,
-        from_namespace(RepoConfig, args),
+        from_namespace(RepoConfig, args), args.servers, args.restarts,
     )  # fmt: skip
     if args.once:
         answer_once(cfg, args.conf)
         return
-    with ServingStack(cfg) as stack:
-        print(
-            f"serving {args.weights}: gateway {stack.url} (docs {stack.url}/docs), Triton gRPC {stack.triton.grpc_url}"
-        )
-        _wait_forever(stack.triton, stack.gateway)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the stack as cleanly as Ctrl-C does
+    try:
+        with ServingStack(cfg) as stack:
+            grpc = ", ".join(s.grpc_url for s in stack.tritons)
+            print(
+                f"serving {args.weights}: gateway {stack.url} (page {stack.url}/, docs {stack.url}/docs), Triton {grpc}"
+            )
+            print("Ctrl-C stops; a crashed Triton is restarted", flush=True)
+            stack.supervise()
+    except KeyboardInterrupt:
+        print("stopping")
+
+
+def _cmd_deploy(args: argparse.Namespace) -> None:
+    """A new version without downtime: through a gateway's admin endpoint, or directly on a repository and its
+    Triton servers."""
+    import json
+
+    if args.gateway:
+        import httpx
+
+        headers = {"X-API-Key": args.api_key} if args.api_key else {}
+        path = "rollback" if args.rollback else "deploy"
+        params = {} if args.rollback else {"engine": str(Path(args.engine).resolve())}
+        r = httpx.post(f"{args.gateway.rstrip('/')}/v1/admin/{path}", params=params, headers=headers, timeout=900)
+        if r.status_code != 200:
+            detail = r.json().get("detail", r.text) if r.headers.get("content-type") == "application/json" else r.text
+            raise BadInput(f"{args.gateway}: {path} refused (HTTP {r.status_code}): {detail}")
+        print(json.dumps(r.json()))
+        return
+    from yolov9.serve.deploy import deploy, rollback
+
+    urls = args.triton.split(",")
+    out = rollback(args.repo, args.name, urls) if args.rollback else deploy(args.engine, args.repo, args.name, urls)
+    print(json.dumps(out))
 
 
 def _loadtest(args: argparse.Namespace) -> None:
@@ -141,6 +180,16 @@ def register(sub, bench) -> None:
     s.add_argument("--conf", type=float, default=CONF, help="--once: score threshold of the sample request")
     s.add_argument("--timeout", type=float, default=300, help="seconds to wait for Triton to be ready")
     s.add_argument("--repo", default=REPO, help="model repository folder")
+    s.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="Triton servers behind the gateway (server k on the first's ports + 10 k; one per GPU where there "
+        "are several)",
+    )
+    s.add_argument(
+        "--restarts", type=int, default=5, help="crashes in a row of one Triton that are restarted before serve stops"
+    )
     _add_triton_server_args(s)
     add_options(s, RepoConfig, skip=("trt_variant",))
     s.set_defaults(func=_cmd_serve)
@@ -162,7 +211,18 @@ def register(sub, bench) -> None:
     p.set_defaults(func=_cmd_triton)
 
     p = ss.add_parser("gateway", help="start the FastAPI gateway (uvicorn) in front of Triton")
-    p.add_argument("--triton", default="127.0.0.1:8001", help="comma list of Triton gRPC endpoints")
+    p.add_argument(
+        "--triton",
+        default=None,
+        help="comma list of Triton gRPC endpoints: requests go to the healthy one with the fewest outstanding, a "
+        "failed one is retried once on another (default: $YOLOV9_TRITON_URLS, else 127.0.0.1:8001)",
+    )
+    p.add_argument("--repo", default=None, help="the model repository, for deploy and rollback through /v1/admin")
+    p.add_argument("--header-timeout-s", type=float, default=10.0, help="408 for a request whose headers take longer")
+    p.add_argument("--body-timeout-s", type=float, default=60.0, help="408 for a request body that takes longer")
+    p.add_argument(
+        "--max-connections", type=int, default=1024, help="open connections per worker; beyond it 503 and close"
+    )
     p.add_argument("--name", default="yolov9", help="Triton model name")
     p.add_argument("--host", default="127.0.0.1", help="bind address")
     p.add_argument("--port", type=int, default=8080, help="port")
@@ -175,6 +235,24 @@ def register(sub, bench) -> None:
     )
     p.add_argument("--max-upload-bytes", type=int, default=20 * 2**20, help="largest accepted image")
     p.set_defaults(func=_cmd_gateway)
+
+    for cmd, text in (("deploy", "roll a new version of the model out without downtime"),
+                      ("rollback", "go back to the version served before the current one")):  # fmt: skip
+        p = ss.add_parser(
+            cmd,
+            help=text,
+            description="Each version is its own Triton model in the repository (<name>__v<k>), loaded beside the "
+            "served one; the gateway moves new requests to it once it answers, and the old one is unloaded after "
+            "the requests it holds. A model whose classes, image size or outputs differ is refused first.",
+        )
+        if cmd == "deploy":
+            p.add_argument("engine", help="checkpoint or engine file to serve next")
+        p.add_argument("--gateway", default=None, help="a running gateway's URL: it deploys on its repository")
+        p.add_argument("--api-key", default=None, help="--gateway: its X-API-Key")
+        p.add_argument("--repo", default=REPO, help="without --gateway: the model repository")
+        p.add_argument("--name", default="yolov9", help="without --gateway: the model")
+        p.add_argument("--triton", default="127.0.0.1:8001", help="without --gateway: comma list of Triton gRPC URLs")
+        p.set_defaults(func=_cmd_deploy, rollback=cmd == "rollback", engine=None)
 
     s = sub.add_parser(
         "loadtest",

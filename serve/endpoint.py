@@ -50,10 +50,11 @@ async def _via_triton(url, files, conf, iou, max_det, in_flight):
 
     pool = TritonPool([url], "yolov9")
     try:
+        await pool.start()
 
         async def send(data: bytes) -> np.ndarray:
             try:
-                return (await pool.detect(data, conf, iou, max_det, None)).astype(np.float64)
+                return (await pool.detect(data, conf, iou, max_det, None))[0].astype(np.float64)
             except BackendError as e:
                 raise Unavailable(f"{url}: {e}") from None
 

@@ -34,6 +34,7 @@ class Step:
     requests: int | None
     conf: float
     timeout: float
+    timeline: bool = False  # per-second counts and p99, for failover and roll-out runs
 
 
 def load_images(folder: str | Path, limit: int = 512) -> list[bytes]:
@@ -202,6 +203,21 @@ def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float,
     return row
 
 
+def timeline(samples: list[tuple], t0: float) -> list[dict]:
+    """Per second since t0 (by each request's start): answered, failed, and the p99 of the answered in ms."""
+    seconds: dict[int, list] = {}
+    for start, lat, kind, _ in samples:
+        if start >= t0:
+            seconds.setdefault(int(start - t0), []).append((lat, kind))
+    out = []
+    for sec in range(max(seconds) + 1 if seconds else 0):
+        rows = seconds.get(sec, [])
+        ok = [lat * 1000 for lat, kind in rows if not kind]
+        p99 = round(float(np.percentile(ok, 99)), 2) if ok else None
+        out.append({"second": sec, "ok": len(ok), "errors": len(rows) - len(ok), "p99_ms": p99})
+    return out
+
+
 def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str | None = None) -> dict:
     before = scrape_triton(metrics_url)
     t_start = time.perf_counter() + 0.5
@@ -230,6 +246,8 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
         "client_cores": os.cpu_count(),
         **summarize(samples, t_start, step.warmup, cpu, wall),
     }
+    if step.timeline:
+        row["timeline"] = timeline(samples, t_start + step.warmup)
     after = scrape_triton(metrics_url)
     if before and after:
         d = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -249,13 +267,43 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "steps": rows}, indent=1))
     # the union of the steps' columns: a step may lack the optional ones (Triton metrics, backend times)
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k != "errors"] + ["errors"]
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ("errors", "timeline")] + ["errors"]
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, restval="")
         w.writeheader()
         for r in rows:
-            w.writerow({**r, "errors": json.dumps(r["errors"])})
+            w.writerow({**{k: v for k, v in r.items() if k != "timeline"}, "errors": json.dumps(r["errors"])})
     plot_runs([(f"{meta['target']} {meta['url']}", rows)], out.with_suffix(".png"))
+    if any("timeline" in r for r in rows):
+        plot_timeline(rows, out.with_name(out.stem + "_timeline.png"))
+
+
+def plot_timeline(rows: list[dict], png: Path) -> None:
+    """Requests and errors per second (left axis) and the p99 latency of each second (right), one panel per
+    step: what a failover or a roll-out does to clients."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in rows if "timeline" in r]
+    fig, axes = plt.subplots(len(steps), 1, figsize=(10, 3.2 * len(steps)), squeeze=False)
+    for ax, r in zip(axes[:, 0], steps):
+        t = r["timeline"]
+        sec = [x["second"] for x in t]
+        ax.plot(sec, [x["ok"] for x in t], label="answered / s", color="tab:blue")
+        ax.bar(sec, [x["errors"] for x in t], label="failed / s", color="tab:red", alpha=0.6)
+        ax.set(
+            xlabel="second", ylabel="requests", title=f"{r['target']} c{r['concurrency'] or ''} rate {r['rate'] or ''}"
+        )
+        ax2 = ax.twinx()
+        ax2.plot(sec, [x["p99_ms"] for x in t], color="tab:orange", linestyle="--", label="p99 ms")
+        ax2.set_ylabel("p99 ms")
+        ax.legend(loc="upper left")
+        ax2.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], png: Path) -> None:
@@ -315,6 +363,7 @@ def run_loadtest(args: LoadtestConfig) -> list[dict]:
                 args.requests,
                 args.conf,
                 args.timeout,
+                args.timeline,
             )
         ]
         if args.rate
@@ -330,6 +379,7 @@ def run_loadtest(args: LoadtestConfig) -> list[dict]:
                 args.requests,
                 args.conf,
                 args.timeout,
+                args.timeline,
             )
             for c in args.concurrency
         ]

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from yolov9.core.detection_defaults import CONF, IOU
 from yolov9.core.errors import BadInput, MissingInput
+from yolov9.core.model import zoo_names
 from yolov9.core.paths import sample_images
 from yolov9.export.engine import weights_meta
 from yolov9.export.metadata import EngineMeta
@@ -101,8 +102,12 @@ def build_repo(engine: str | Path, repo: str | Path = "model_repository", cfg: R
         raise MissingInput(f"{engine}: no such engine file")
     repo = Path(repo)
     model_dir = repo / cfg.name
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
+    # this engine becomes version 1: earlier versions and their state go (serve/deploy.py)
+    for old in [model_dir, *repo.glob(f"{cfg.name}__v*")] if repo.is_dir() else []:
+        shutil.rmtree(old) if old.is_dir() else None
+    (repo / f"{cfg.name}.versions.json").unlink(missing_ok=True)
+    if not engine.exists() and str(engine) in zoo_names():
+        print(f"note: {engine} is a model config: the repository serves an untrained model with random weights")
     version = model_dir / "1"
     version.mkdir(parents=True)
     shutil.copy(TEMPLATE_DIR / "model.py", version / "model.py")

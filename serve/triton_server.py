@@ -23,7 +23,7 @@ from pathlib import Path
 from yolov9.core.errors import Unavailable
 from yolov9.core.paths import PACKAGE_ROOT
 from yolov9.serve.mps import MpsDaemon
-from yolov9.serve.processes import ManagedProcess
+from yolov9.serve.processes import ManagedProcess, require_free_ports
 
 
 class TritonError(Unavailable):
@@ -102,6 +102,10 @@ def interpreter_env() -> dict[str, str]:
 _LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:\w+: )?(.+?)(?:\\n|\"|$)")
 
 
+# what a server without a GPU logs on every start
+_BENIGN = re.compile(r"NVML|CudaDriverHelper|DCGM|pinned memory|CUDA driver|cuda memory pool", re.I)
+
+
 def log_cause(log_file: str | Path) -> str | None:
     """Why a Triton server did not start, in one line from its log: a model's load error (the Python exception
     its model.py raised), else the server's own error line."""
@@ -112,8 +116,19 @@ def log_cause(log_file: str | Path) -> str | None:
     m = _LOAD_FAILED.search(text)
     if m:
         return f"model '{m.group(1)}' failed to load: {m.group(2).strip()}"
-    errors = [line for line in text.splitlines() if line.startswith("error:") or line.startswith("E")]
+    errors = [
+        line
+        for line in text.splitlines()
+        if (line.startswith("error:") or line.startswith("E")) and not _BENIGN.search(line)
+    ]
     return errors[-1].strip() if errors else None
+
+
+def exit_cause(returncode: int | None, log_file: str | Path | None) -> str:
+    """Why a server process ended: the signal that killed it, else the cause in its log."""
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode} ({signal.Signals(-returncode).name})"
+    return (log_cause(log_file) if log_file else None) or "no cause in its log"
 
 
 class TritonServer(ManagedProcess):
@@ -130,13 +145,15 @@ class TritonServer(ManagedProcess):
         log_file: str | Path | None = None,
         extra_args: list[str] | None = None,
         mps: bool = False,
+        gpu: int | None = None,
     ):
-        """ports: HTTP, gRPC and metrics."""
+        """ports: HTTP, gRPC and metrics; gpu: the one GPU this server sees (CUDA_VISIBLE_DEVICES), else all."""
         super().__init__()
         self.repo, self.host = Path(repo).resolve(), host
         self.http_port, self.grpc_port, self.metrics_port = ports
         self.log_file, self.extra_args = log_file, extra_args or []
         self.mps: MpsDaemon | None = MpsDaemon() if mps else None
+        self.gpu = gpu
 
     @property
     def grpc_url(self) -> str:
@@ -153,6 +170,10 @@ class TritonServer(ManagedProcess):
     def start(self, timeout: float = 180.0, model: str | None = None) -> TritonServer:
         binary, backends, env_extra = find_server()
         env = {**os.environ, **env_extra, **interpreter_env()}
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        ports = {"--triton-http-port": self.http_port, "--triton-grpc-port": self.grpc_port}
+        require_free_ports(self.host, {**ports, "--triton-metrics-port": self.metrics_port})
         if self.mps is not None:  # before Triton: the model instances must find the daemon when they open CUDA
             env.update(self.mps.start().env)
         cmd = [

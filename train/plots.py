@@ -88,11 +88,14 @@ def plot_curves(curves: dict, names: list[str], run_dir: Path) -> list[Path]:
 
 
 def plot_confusion(matrix: np.ndarray, names: list[str], out: Path, normalize: bool = False) -> Path:
-    """Rows predicted, columns true class, with background last; normalised per true class when asked."""
-    m = matrix.astype(float)
+    """Rows predicted, columns true class, with background last; normalised per true class when asked. Classes
+    that neither occur nor are predicted are left out, so a few of 80 classes stay readable."""
+    used = np.flatnonzero(matrix.sum(0) + matrix.sum(1))
+    used = np.union1d(used, [len(names)])  # background stays
+    m = matrix[np.ix_(used, used)].astype(float)
     if normalize:
         m = m / np.maximum(m.sum(0, keepdims=True), 1)
-    labels = [*names, "background"]
+    labels = [[*names, "background"][i] for i in used]
     n = len(labels)
     size = max(6, min(0.35 * n + 2, 26))
     fig, ax = plt.subplots(figsize=(size, size * 0.85))

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from yolov9.serve.gateway import errors, metrics
 from yolov9.serve.gateway.backend import TritonPool
-from yolov9.serve.gateway.routers import detect, service
+from yolov9.serve.gateway.routers import admin, detect, service
 from yolov9.serve.gateway.schemas import ErrorBody
 from yolov9.serve.gateway.settings import Settings, get_settings
 
@@ -45,7 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.pool = TritonPool(settings.endpoints, settings.model, settings.timeout_s)
+        app.state.pool = TritonPool(settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s)
+        await app.state.pool.start()
         app.state.in_flight = 0
         # what exists now lives as long as the worker: keep it out of the collector's full passes, which would
         # otherwise walk all of it while every request in flight on this worker waits
@@ -59,13 +60,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="Object detection over HTTP: images in, boxes out. Backed by Triton Inference Server.",
-        responses={code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 503, 504)},
+        responses={code: {"model": ErrorBody} for code in (400, 401, 403, 408, 409, 413, 415, 422, 503, 504)},
     )
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install(app)
     app.add_middleware(ObserveMiddleware)
     app.include_router(detect.router)
     app.include_router(service.router)
+    app.include_router(admin.router)
     return app
 
 

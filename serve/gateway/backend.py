@@ -1,17 +1,25 @@
-"""The gateway's side of Triton: async gRPC clients (one per endpoint, connections reused), requests spread
-round-robin over the endpoints, failures classified into the gateway's HTTP errors."""
+"""The gateway's side of Triton: one async gRPC client per endpoint, each health-checked in the background, requests
+sent to the healthy endpoint with the fewest outstanding, a request that fails on one endpoint (down, timed out)
+retried once on another, and the model version each endpoint serves.
+
+Versions: a deployment adds Triton models `<name>__v<k>` beside `<name>` (version 1) and unloads the one it
+replaces (serve/deploy.py); each endpoint serves the highest version it has ready, so traffic moves to a new
+version once it answers and back when a rollback unloads it."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import re
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.utils import InferenceServerException
 
 from yolov9.core.errors import BadInput
+from yolov9.serve.gateway import metrics
 
 
 class BackendError(Exception):
@@ -29,51 +37,127 @@ def classify(e: Exception) -> BackendError:
         return BackendError("bad_image", msg.split("bad image:", 1)[-1].strip())
     if "deadline" in low or "timeout" in low or "timed out" in low:
         return BackendError("timeout", "inference timed out")
-    if "unavailable" in low or "connect" in low or "queue" in low or "not ready" in low or "exceeds" in low:
+    if any(w in low for w in ("unavailable", "connect", "queue", "not ready", "exceeds", "unknown model", "not found")):
         return BackendError("unavailable", "inference server unavailable or its queue is full")
     return BackendError("internal", msg[:300])
 
 
+def model_name(base: str, version: int) -> str:
+    """The Triton model that holds version `version` of model `base`."""
+    return base if version == 1 else f"{base}__v{version}"
+
+
+def version_of(triton_model: str, base: str) -> int | None:
+    if triton_model == base:
+        return 1
+    m = re.fullmatch(re.escape(base) + r"__v(\d+)", triton_model)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class Endpoint:
+    """One Triton server as this worker sees it."""
+
+    url: str
+    client: grpcclient.InferenceServerClient
+    healthy: bool = False
+    versions: dict[int, str] = field(default_factory=dict)  # version -> state, from the repository index
+    outstanding: int = 0
+    requests: int = 0
+    errors: int = 0
+    latency_ms: float | None = None  # exponentially weighted
+
+    @property
+    def serving(self) -> int | None:
+        ready = [v for v, state in self.versions.items() if state == "READY"]
+        return max(ready) if ready else None
+
+    def summary(self) -> dict:
+        return {
+            "url": self.url,
+            "state": "up" if self.healthy else "down",
+            "serving_version": self.serving,
+            "outstanding": self.outstanding,
+            "requests": self.requests,
+            "errors": self.errors,
+            "latency_ms": round(self.latency_ms, 2) if self.latency_ms is not None else None,
+        }
+
+
+# short reconnect backoff: after a Triton restart the gateway recovers within about a second
+CHANNEL_ARGS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_send_message_length", 64 * 2**20),
+    ("grpc.max_receive_message_length", 64 * 2**20),
+]
+
+
 class TritonPool:
-    def __init__(self, urls: list[str], model: str, timeout_s: float = 30.0):
+    def __init__(self, urls: list[str], model: str, timeout_s: float = 30.0, health_interval_s: float = 0.5):
         if not urls:
             raise BadInput("no Triton endpoint given")
-        self.urls, self.model, self.timeout_s = urls, model, timeout_s
-        # short reconnect backoff: after a Triton restart the gateway recovers within about a second
-        args = [
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            ("grpc.max_send_message_length", 64 * 2**20),
-            ("grpc.max_receive_message_length", 64 * 2**20),
-        ]
-        self.clients = [grpcclient.InferenceServerClient(u, channel_args=args) for u in urls]
-        self._next = itertools.cycle(range(len(self.clients)))
+        self.model, self.timeout_s, self.health_interval_s = model, timeout_s, health_interval_s
+        self.endpoints = [Endpoint(u, grpcclient.InferenceServerClient(u, channel_args=CHANNEL_ARGS)) for u in urls]
+        self._rr = itertools.count()
         self.names: list[str] | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """The first health check, then one every health_interval_s in the background."""
+        await self.check_all()
+        self._task = asyncio.create_task(self._watch())
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.clients), return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+        await asyncio.gather(*(e.client.close() for e in self.endpoints), return_exceptions=True)
 
-    def _pick(self) -> grpcclient.InferenceServerClient:
-        return self.clients[next(self._next)]
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.check_all()
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(e) for e in self.endpoints))
+
+    async def check(self, e: Endpoint) -> None:
+        """Healthy: the server answers and holds a ready version of the model."""
+        try:
+            index = await e.client.get_model_repository_index(client_timeout=max(self.health_interval_s, 1.0))
+            versions = {}
+            for m in index.models:
+                v = version_of(m.name, self.model)
+                if v is not None:
+                    versions[v] = m.state or "UNAVAILABLE"
+            e.versions = versions
+            e.healthy = e.serving is not None
+        except Exception:
+            e.healthy, e.versions = False, {}
+        metrics.ENDPOINT_UP.labels(endpoint=e.url).set(1 if e.healthy else 0)
+
+    def _pick(self, exclude: Endpoint | None = None) -> Endpoint:
+        """The healthy endpoint with the fewest requests outstanding (ties taken in turn)."""
+        up = [e for e in self.endpoints if e.healthy and e is not exclude]
+        if not up:
+            raise BackendError("unavailable", "no Triton endpoint is serving the model")
+        least = min(e.outstanding for e in up)
+        tied = [e for e in up if e.outstanding == least]
+        return tied[next(self._rr) % len(tied)]
 
     async def ready(self) -> bool:
-        for c in self.clients:
-            try:
-                if await c.is_model_ready(self.model, client_timeout=2):
-                    return True
-            except Exception:  # one endpoint down is fine if another answers
-                continue
-        return False
+        return any(e.healthy for e in self.endpoints)
 
     async def model_info(self) -> dict:
         last: Exception | None = None
-        for c in self.clients:
+        for e in sorted(self.endpoints, key=lambda e: not e.healthy):
             try:
-                cfg = await c.get_model_config(self.model, as_json=True, client_timeout=5)
+                name = model_name(self.model, e.serving or 1)
+                cfg = await e.client.get_model_config(name, as_json=True, client_timeout=5)
                 return cfg["config"]
-            except Exception as e:
-                last = e
+            except Exception as err:
+                last = err
         raise classify(last or RuntimeError("unavailable"))
 
     async def class_names(self) -> list[str]:
@@ -83,29 +167,67 @@ class TritonPool:
             self.names = json.loads(engine_names) if engine_names else []
         return self.names
 
+    def versions(self) -> list[dict]:
+        """Every version any endpoint knows, its state there, and which one serves."""
+        seen: dict[int, set[str]] = {}
+        for e in self.endpoints:
+            for v, state in e.versions.items():
+                seen.setdefault(v, set()).add(state)
+        serving = {e.serving for e in self.endpoints if e.healthy}
+        return [{"version": v, "states": sorted(states), "serving": v in serving} for v, states in sorted(seen.items())]
+
     async def detect(self, data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None):
-        """(n, 6) detections x1, y1, x2, y2, score, class in original pixels."""
-        arr = np.frombuffer(data, dtype=np.uint8)[None]
-        inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
-        inputs[0].set_data_from_numpy(arr)
-        for name, value, dtype in (
-            ("CONF", conf, np.float32),
-            ("IOU", iou, np.float32),
-            ("MAX_DET", max_det, np.int32),
-        ):
-            t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
-            t.set_data_from_numpy(np.array([[value]], dtype=dtype))
-            inputs.append(t)
-        if classes:
-            t = grpcclient.InferInput("CLASSES", [1, len(classes)], "INT32")
-            t.set_data_from_numpy(np.array([classes], dtype=np.int32))
-            inputs.append(t)
-        outputs = [grpcclient.InferRequestedOutput("DETECTIONS"), grpcclient.InferRequestedOutput("NUM_DETS")]
+        """((n, 6) detections x1, y1, x2, y2, score, class in original pixels, version). A request that fails
+        because its endpoint is down or timed out is retried once on another; that endpoint is taken out until
+        its health check passes."""
+        inputs, outputs = _request(data, conf, iou, max_det, classes)
+        first = self._pick()
         try:
-            r = await self._pick().infer(self.model, inputs, outputs=outputs, client_timeout=self.timeout_s)
-        except InferenceServerException as e:
-            raise classify(e) from None
-        except Exception as e:  # grpc channel errors surface as other types
-            raise classify(e) from None
+            return await self._infer(first, inputs, outputs)
+        except BackendError as err:
+            if err.kind not in ("unavailable", "timeout"):
+                raise
+            await self.check(first)  # down (taken out), or serving another version now (a roll-out)
+            metrics.RETRIES.inc()
+            others = [e for e in self.endpoints if e.healthy and e is not first]
+            if not others and not first.healthy:
+                raise
+            return await self._infer(self._pick(exclude=first) if others else first, inputs, outputs)
+
+    async def _infer(self, e: Endpoint, inputs, outputs):
+        version = e.serving or 1
+        e.outstanding += 1
+        e.requests += 1
+        t0 = time.perf_counter()
+        try:
+            r = await e.client.infer(
+                model_name(self.model, version), inputs, outputs=outputs, client_timeout=self.timeout_s
+            )
+        except Exception as err:  # grpc channel errors surface as other types than InferenceServerException
+            e.errors += 1
+            metrics.ENDPOINT_ERRORS.labels(endpoint=e.url).inc()
+            raise classify(err) from None
+        finally:
+            e.outstanding -= 1
+        ms = 1000 * (time.perf_counter() - t0)
+        e.latency_ms = ms if e.latency_ms is None else 0.9 * e.latency_ms + 0.1 * ms
+        metrics.ENDPOINT_LATENCY.labels(endpoint=e.url).observe(ms / 1000)
+        metrics.ENDPOINT_REQUESTS.labels(endpoint=e.url).inc()
         n = int(r.as_numpy("NUM_DETS").reshape(-1)[0])
-        return r.as_numpy("DETECTIONS")[0, :n]
+        return r.as_numpy("DETECTIONS")[0, :n], version
+
+
+def _request(data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None):
+    arr = np.frombuffer(data, dtype=np.uint8)[None]
+    inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
+    inputs[0].set_data_from_numpy(arr)
+    for name, value, dtype in (("CONF", conf, np.float32), ("IOU", iou, np.float32), ("MAX_DET", max_det, np.int32)):
+        t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
+        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
+        inputs.append(t)
+    if classes:
+        t = grpcclient.InferInput("CLASSES", [1, len(classes)], "INT32")
+        t.set_data_from_numpy(np.array([classes], dtype=np.int32))
+        inputs.append(t)
+    outputs = [grpcclient.InferRequestedOutput("DETECTIONS"), grpcclient.InferRequestedOutput("NUM_DETS")]
+    return inputs, outputs

@@ -15,6 +15,18 @@ LATENCY = Histogram(
 )
 IN_FLIGHT = Gauge("gateway_in_flight", "requests being served", multiprocess_mode="livesum")
 ERRORS = Counter("gateway_errors_total", "errors by kind", ["kind"])
+ENDPOINT_UP = Gauge(
+    "gateway_endpoint_up", "1 while a Triton endpoint serves the model", ["endpoint"], multiprocess_mode="livemax"
+)
+ENDPOINT_REQUESTS = Counter("gateway_endpoint_requests_total", "inference requests answered by endpoint", ["endpoint"])
+ENDPOINT_ERRORS = Counter("gateway_endpoint_errors_total", "inference requests failed by endpoint", ["endpoint"])
+ENDPOINT_LATENCY = Histogram(
+    "gateway_endpoint_seconds",
+    "inference latency by endpoint",
+    ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RETRIES = Counter("gateway_retries_total", "requests retried on another endpoint after a failure")
 BATCH_SIZE = Histogram("gateway_batch_images", "images per /v1/detect/batch request", buckets=(1, 2, 4, 8, 16, 32, 64))
 
 

@@ -45,7 +45,7 @@ class GatewayProcess(ManagedProcess):
     def start(self, timeout: float = 60.0) -> GatewayProcess:
         from yolov9.serve.gateway import workers
 
-        if self.workers > 1 and workers.supported():  # one SO_REUSEPORT socket per worker: even connection spread
+        if workers.supported():  # one SO_REUSEPORT socket per worker (even spread) and the guarded protocol
             cmd = [sys.executable, "-m", "yolov9.serve.gateway.workers", "--workers", str(self.workers)]
             cmd += ["--host", self.host, "--port", str(self.port), "--log-level", "warning"]
         else:

@@ -19,6 +19,8 @@ class DetectResponse(BaseModel):
     width: int
     height: int
     latency_ms: float
+    model: str = Field(description="the served model's name")
+    version: int = Field(description="the model version that answered")
 
 
 class BatchResponse(BaseModel):

@@ -17,6 +17,11 @@ class Settings(BaseSettings):
     timeout_s: float = 30.0
     api_key: str | None = None  # when set, clients send it as the X-API-Key header
     max_batch_images: int = 64
+    health_interval_s: float = 0.5  # how often each Triton endpoint is checked (and its served version read)
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this, else 408 and the connection closes
+    body_timeout_s: float = 60.0  # and its body within this after them
+    max_connections: int = 1024  # open connections per worker; beyond it new ones get 503 and are closed
+    repo: str | None = None  # the model repository, for deploy/rollback through the admin endpoints
 
     @property
     def endpoints(self) -> list[str]:

@@ -51,8 +51,16 @@ def reuseport_sockets(host: str, port: int, n: int, backlog: int = 2048) -> list
 def _worker(sock: socket.socket, log_level: str) -> None:
     import uvicorn
 
+    from yolov9.serve.gateway.guard import GuardedHttpToolsProtocol
+
     config = uvicorn.Config(
-        APP, factory=True, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, workers=1
+        APP,
+        factory=True,
+        http=GuardedHttpToolsProtocol,  # header/body deadlines and a connection bound (serve/gateway/guard.py)
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        workers=1,
     )
     uvicorn.Server(config).run(sockets=[sock])
 

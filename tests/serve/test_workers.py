@@ -108,3 +108,48 @@ def test_mps_daemon_serves_a_cuda_process_and_stops(tmp_path):
         # the control daemon starts an MPS server for its first client and logs it
         assert "server" in (mps.log_dir / "control.log").read_text().lower()
     assert mps.control is None
+
+
+def _read_response(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when that happened."""
+    t0, data = time.monotonic(), b""
+    sock.settimeout(limit_s)
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except TimeoutError:
+        pass
+    return data, time.monotonic() - t0
+
+
+@pytest.mark.skipif(not workers.supported(), reason="the guarded protocol runs in the Linux worker runner")
+def test_slow_headers_and_bodies_get_408_and_connections_are_bounded():
+    with GatewayProcess(["127.0.0.1:1"], port=free_port(), header_timeout_s=1, body_timeout_s=1) as gw:
+        gw.start()
+        with socket.create_connection((gw.host, gw.port)) as s:  # a header line every 0.4 s: cut after 1 s
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            t0 = time.monotonic()
+            for k in range(15):
+                try:
+                    s.sendall(f"X-Slow-{k}: 1\r\n".encode())
+                except OSError:
+                    break
+                time.sleep(0.4)
+                if time.monotonic() - t0 > 4:
+                    break
+            data, _ = _read_response(s, 3)
+        assert data.startswith(b"HTTP/1.1 408") and b'"error": "timeout"' in data and b"headers" in data, data
+        with socket.create_connection((gw.host, gw.port)) as s:  # headers in time, then no body
+            s.sendall(b"POST /v1/detect HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100\r\n\r\n")
+            data, took = _read_response(s, 5)
+        assert data.startswith(b"HTTP/1.1 408") and b"body" in data and took < 3, (data, took)
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200  # a prompt client is served as before
+    with GatewayProcess(["127.0.0.1:1"], port=free_port(), max_connections=2, header_timeout_s=30) as gw:
+        gw.start()
+        held = [socket.create_connection((gw.host, gw.port)) for _ in range(2)]
+        time.sleep(0.3)
+        with socket.create_connection((gw.host, gw.port)) as s:
+            data, _ = _read_response(s, 3)
+        assert data.startswith(b"HTTP/1.1 503") and b"open connections" in data, data
+        for h in held:
+            h.close()

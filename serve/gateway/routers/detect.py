@@ -43,7 +43,7 @@ async def detect_one(request: Request, data: bytes, p: DetectParams, pool: Trito
         if p.classes and max(p.classes) >= len(names):
             bad = sorted(c for c in p.classes if c >= len(names))
             raise GatewayError(422, "invalid_parameters", f"classes: {bad} not among the model's {len(names)} classes")
-        det = await pool.detect(data, p.conf, p.iou, p.max_det, p.classes)
+        det, version = await pool.detect(data, p.conf, p.iou, p.max_det, p.classes)
     except BackendError as e:
         raise GatewayError.from_backend(e) from None
     finally:
@@ -56,6 +56,8 @@ async def detect_one(request: Request, data: bytes, p: DetectParams, pool: Trito
         "width": w,
         "height": h,
         "latency_ms": round(1000 * (time.perf_counter() - t0), 2),
+        "model": settings.model,
+        "version": version,
     }
 
 

@@ -1,9 +1,11 @@
-"""GET /v1/models, /healthz, /readyz and /metrics."""
+"""GET / (a page to try the detector), /v1/models, /healthz, /readyz and /metrics."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 
 from yolov9.serve.gateway import metrics
 from yolov9.serve.gateway.backend import BackendError, TritonPool
@@ -12,6 +14,13 @@ from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.settings import Settings, get_settings
 
 router = APIRouter()
+PAGE = Path(__file__).resolve().parents[1] / "static" / "index.html"
+
+
+@router.get("/", include_in_schema=False)
+async def page():
+    """A page to try the detector in a browser: pick or drop an image, see the boxes (no build step, no CDN)."""
+    return HTMLResponse(PAGE.read_text())
 
 
 @router.get("/v1/models", summary="The served model, its classes and its Triton configuration")
@@ -28,7 +37,9 @@ async def models(pool: TritonPool = Depends(get_pool), settings: Settings = Depe
                 "classes": names,
                 "backend": cfg.get("backend") or cfg.get("platform"),
                 "max_batch_size": cfg.get("max_batch_size"),
-                "endpoints": settings.endpoints,
+                "img_size": int(cfg.get("parameters", {}).get("img_size", {}).get("string_value", 0)) or None,
+                "versions": pool.versions(),
+                "endpoints": [e.summary() for e in pool.endpoints],
             }
         ]
     }
@@ -39,7 +50,7 @@ async def healthz():
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: a Triton endpoint is reachable and the model is ready")
+@router.get("/readyz", summary="Readiness: at least one Triton endpoint serves the model (as this worker sees it)")
 async def readyz(pool: TritonPool = Depends(get_pool)):
     if await pool.ready():
         return {"status": "ready"}
