@@ -294,7 +294,9 @@ def plot_timeline(rows: list[dict], png: Path) -> None:
         ax.plot(sec, [x["ok"] for x in t], label="answered / s", color="tab:blue")
         ax.bar(sec, [x["errors"] for x in t], label="failed / s", color="tab:red", alpha=0.6)
         ax.set(
-            xlabel="second", ylabel="requests", title=f"{r['target']} c{r['concurrency'] or ''} rate {r['rate'] or ''}"
+            xlabel="second",
+            ylabel="requests",
+            title=f"{r['target']}, " + (f"{r['rate']} requests/s" if r["rate"] else f"concurrency {r['concurrency']}"),
         )
         ax2 = ax.twinx()
         ax2.plot(sec, [x["p99_ms"] for x in t], color="tab:orange", linestyle="--", label="p99 ms")

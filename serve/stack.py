@@ -4,6 +4,7 @@ the gateway in front, all on loopback by default; one context manager for the CL
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 import urllib.request
@@ -58,12 +59,14 @@ class ServingStack:
         if cfg.servers > 1 and cfg.mps and _gpus() < cfg.servers:
             raise BadInput("--mps runs one MPS daemon per GPU: with several servers give each its own GPU")
         args = ["--model-control-mode=explicit", f"--load-model={serving_model(self.repo, name)}"]
-        out = []
+        out, gpus = [], _gpus()
         for k in range(cfg.servers):
             ports = tuple(p + PORT_STEP * k for p in cfg.triton_ports)
-            gpu = k % _gpus() if _gpus() > 1 else None
+            env = {"CUDA_VISIBLE_DEVICES": str(k % gpus)} if gpus > 1 else {}
+            if cfg.servers > 1:  # servers sharing the CPU: each its share of the cores, or their threads thrash
+                env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.servers))
             log = self.log_dir / ("triton.log" if k == 0 else f"triton{k}.log")
-            out.append(TritonServer(self.repo, ports, cfg.host, log, args, cfg.mps, gpu))
+            out.append(TritonServer(self.repo, ports, cfg.host, log, args, cfg.mps, env))
         return out
 
     def __enter__(self) -> ServingStack:

@@ -145,15 +145,15 @@ class TritonServer(ManagedProcess):
         log_file: str | Path | None = None,
         extra_args: list[str] | None = None,
         mps: bool = False,
-        gpu: int | None = None,
+        env: dict[str, str] | None = None,
     ):
-        """ports: HTTP, gRPC and metrics; gpu: the one GPU this server sees (CUDA_VISIBLE_DEVICES), else all."""
+        """ports: HTTP, gRPC and metrics; env: variables for this server only (the GPU it sees, its CPU threads)."""
         super().__init__()
         self.repo, self.host = Path(repo).resolve(), host
         self.http_port, self.grpc_port, self.metrics_port = ports
         self.log_file, self.extra_args = log_file, extra_args or []
         self.mps: MpsDaemon | None = MpsDaemon() if mps else None
-        self.gpu = gpu
+        self.env = env or {}
 
     @property
     def grpc_url(self) -> str:
@@ -170,8 +170,7 @@ class TritonServer(ManagedProcess):
     def start(self, timeout: float = 180.0, model: str | None = None) -> TritonServer:
         binary, backends, env_extra = find_server()
         env = {**os.environ, **env_extra, **interpreter_env()}
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        env.update(self.env)
         ports = {"--triton-http-port": self.http_port, "--triton-grpc-port": self.grpc_port}
         require_free_ports(self.host, {**ports, "--triton-metrics-port": self.metrics_port})
         if self.mps is not None:  # before Triton: the model instances must find the daemon when they open CUDA

@@ -19,6 +19,7 @@ import sys
 import time
 
 from yolov9.core.errors import Unavailable
+from yolov9.serve.processes import require_free_ports
 
 APP = "yolov9.serve.gateway.app:app"
 
@@ -31,12 +32,7 @@ def supported() -> bool:
 def reuseport_sockets(host: str, port: int, n: int, backlog: int = 2048) -> list[socket.socket]:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # a port someone already listens on is refused here, before SO_REUSEPORT could share it with a running gateway
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise Unavailable(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    require_free_ports(host, {"--port": port})
     socks = []
     for _ in range(n):
         s = socket.socket(family, socket.SOCK_STREAM)
