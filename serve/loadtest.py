@@ -293,10 +293,11 @@ def plot_timeline(rows: list[dict], png: Path) -> None:
         sec = [x["second"] for x in t]
         ax.plot(sec, [x["ok"] for x in t], label="answered / s", color="tab:blue")
         ax.bar(sec, [x["errors"] for x in t], label="failed / s", color="tab:red", alpha=0.6)
+        load = f"{r['rate']} requests/s" if r["rate"] else f"concurrency {r['concurrency']}"
         ax.set(
             xlabel="second",
             ylabel="requests",
-            title=f"{r['target']}, " + (f"{r['rate']} requests/s" if r["rate"] else f"concurrency {r['concurrency']}"),
+            title=f"{r['target']}, {load}",
         )
         ax2 = ax.twinx()
         ax2.plot(sec, [x["p99_ms"] for x in t], color="tab:orange", linestyle="--", label="p99 ms")
