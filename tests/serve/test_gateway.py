@@ -216,7 +216,7 @@ def test_triton_down_gives_503_then_recovers(triton, gateway, coco48):
 def test_gateway_app_does_not_load_torch():
     # a worker carrying torch's objects paused each in-flight request for a full garbage-collection pass over them
     code = (
-        "import sys; from serve.gateway.app import create_app; create_app(); "
+        "import sys; from yolov9.serve.gateway.app import create_app; create_app(); "
         "print(sorted({'torch', 'torchvision'} & set(sys.modules)))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -52,6 +52,7 @@ async def healthz():
 
 @router.get("/readyz", summary="Readiness: at least one Triton endpoint serves the model (as this worker sees it)")
 async def readyz(pool: TritonPool = Depends(get_pool)):
+    await pool.check_all()  # asked now, not from the last background check
     if await pool.ready():
         return {"status": "ready"}
     raise GatewayError(503, "unavailable", "Triton unreachable or model not ready", retry_after=2)
