@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolov9.core.decode import decode_image
 from yolov9.core.detection_defaults import Thresholds
 from yolov9.core.image_io import detections_to_json
 from yolov9.core.postprocess import per_image, postprocess_flat
-from yolov9.core.preprocess import decode_image, prepare_batch, to_input
+from yolov9.core.preprocess import prepare_batch, to_input
 
 Source = str | Path | bytes | np.ndarray | torch.Tensor  # or a PIL image
 

@@ -1,17 +1,12 @@
-"""Image decoding and letterboxing: the one pre-processing path used by validation, prediction, export checks and
-the server (on the CPU or on the GPU, same code); core/postprocess.py maps the detections back."""
+"""Letterboxing (decoding is core/decode.py): the one pre-processing path used by validation, prediction, export
+checks and the server (on the CPU or on the GPU, same code); core/postprocess.py maps the detections back."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-import torchvision
-from PIL import Image
 
 from yolov9.core.boxes import letterbox_params
 from yolov9.core.image_io import MAX_PIXELS, ImageError, detections_to_json, image_size  # noqa: F401 (defined there)
@@ -24,60 +19,6 @@ class LetterboxMeta:
     orig_hw: tuple[int, int]
     ratio: float
     pad: tuple[float, float]  # left, top
-
-
-def decode_image(data: bytes | Path | str, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Encoded bytes or a file -> uint8 RGB tensor (3, H, W). JPEGs decode with nvJPEG when device is CUDA."""
-    if isinstance(data, (str, Path)):
-        data = Path(data).read_bytes()
-    image_size(data)
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    try:
-        if torch.device(device).type == "cuda" and data[:2] == b"\xff\xd8":
-            img = torchvision.io.decode_jpeg(raw, mode=torchvision.io.ImageReadMode.RGB, device=device)
-        else:
-            img = torchvision.io.decode_image(raw, mode=torchvision.io.ImageReadMode.RGB)
-    except Exception:
-        # torchvision refuses some valid files (e.g. truncated-but-readable JPEGs, palette PNGs): let PIL try
-        try:
-            with Image.open(io.BytesIO(data)) as im:
-                img = torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1)
-        except Exception:
-            raise ImageError("image data is corrupt or truncated") from None
-    return img.to(device)
-
-
-def decode_images(blobs: list[bytes], device: str | torch.device = "cpu") -> list[torch.Tensor | ImageError]:
-    """Several encoded images at once; on CUDA all JPEGs go to nvJPEG in one batched call. A bad image yields
-    its ImageError in place, so the others still decode."""
-    out: list = [None] * len(blobs)
-    jpegs = []
-    for k, data in enumerate(blobs):
-        try:
-            image_size(data)
-        except ImageError as e:
-            out[k] = e
-            continue
-        if torch.device(device).type == "cuda" and data[:2] == b"\xff\xd8":
-            jpegs.append(k)
-        else:
-            out[k] = _decode_or_error(data, device)
-    if jpegs:
-        raws = [torch.frombuffer(bytearray(blobs[k]), dtype=torch.uint8) for k in jpegs]
-        try:
-            imgs = torchvision.io.decode_jpeg(raws, mode=torchvision.io.ImageReadMode.RGB, device=device)
-        except Exception:  # one bad JPEG fails the batched call: decode them one by one instead
-            imgs = [_decode_or_error(blobs[k], device) for k in jpegs]
-        for k, img in zip(jpegs, imgs):
-            out[k] = img
-    return out
-
-
-def _decode_or_error(data: bytes, device) -> torch.Tensor | ImageError:
-    try:
-        return decode_image(data, device)
-    except ImageError as e:
-        return e
 
 
 def letterbox(

@@ -112,7 +112,8 @@ def _export_trt(args: argparse.Namespace, img: int) -> Path:
 
 
 def _sample_batch(img: int):
-    from yolov9.core.preprocess import decode_image, prepare_batch, to_input
+    from yolov9.core.decode import decode_image
+    from yolov9.core.preprocess import prepare_batch, to_input
 
     images = [decode_image(p) for p in sorted(SAMPLES.glob("*.jpg"))]
     batch, _ = prepare_batch(images, img)

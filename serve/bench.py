@@ -36,7 +36,12 @@ def bench_detector(args: BenchDetectorConfig) -> list[dict]:
 
 def _detector(args, batches: list[int]) -> Detector:
     det = Detector(
-        args.engine, device=args.device, img_size=args.img, cuda_graphs=args.cuda_graphs, max_batch=max(batches)
+        args.engine,
+        device=args.device,
+        img_size=args.img,
+        cuda_graphs=args.cuda_graphs,
+        max_batch=max(batches),
+        decoder=args.decoder,
     )
     det.warmup()
     return det
@@ -56,6 +61,7 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
         for _ in range(max(args.iters // 4, 1)):  # a separate, synchronised pass for the split
             results = det(reqs, timings=stages)
         total = sum(stages.values())
+        passes = max(args.iters // 4, 1)
         # NMS work grows with the boxes over the threshold: candidates before NMS, detections after
         _, _, _, pred = det.predict(reqs)
         candidates = (pred[:, 4:].amax(1) > args.conf).sum(1).float().mean().item()
@@ -66,7 +72,9 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
             "batch": b,
             "images_per_s": round(b / el, 1),
             "ms_per_batch": round(el * 1000, 2),
+            "decoder": det.decoder.name,
             "stage_share": {k: round(v / total, 3) for k, v in stages.items()},
+            "stage_ms": {k: round(1000 * v / passes, 2) for k, v in stages.items()},
             "candidates_per_image": round(candidates, 1),
             "detections_per_image": round(detections, 2),
             "device": torch.cuda.get_device_name() if det.device.type == "cuda" else "cpu",

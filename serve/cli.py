@@ -11,7 +11,7 @@ from pathlib import Path
 from yolov9.core.detection_defaults import CONF
 from yolov9.core.errors import BadInput, Unavailable
 from yolov9.core.options import add_options, from_namespace
-from yolov9.serve.config import BenchDetectorConfig, LoadtestConfig, RepoConfig
+from yolov9.serve.config import BenchDetectorConfig, BenchGatewayConfig, LoadtestConfig, RepoConfig
 
 REPO = "model_repository"
 
@@ -162,6 +162,12 @@ def _cmd_bench_detector(args: argparse.Namespace) -> None:
     bench_detector(from_namespace(BenchDetectorConfig, args))
 
 
+def _cmd_bench_gateway(args: argparse.Namespace) -> None:
+    from yolov9.serve.bench_gateway import bench_gateway
+
+    bench_gateway(from_namespace(BenchGatewayConfig, args))
+
+
 def register(sub, bench) -> None:
     s = sub.add_parser(
         "serve",
@@ -271,3 +277,12 @@ def register(sub, bench) -> None:
     )
     add_options(s, BenchDetectorConfig)
     s.set_defaults(func=_cmd_bench_detector)
+
+    s = bench.add_parser(
+        "gateway",
+        help="the gateway alone (requests/s, CPU per request) against a stand-in Triton that answers at once",
+        description="Starts a stand-in Triton (serve/stub_triton.py) and the gateway on loopback, sends real images "
+        "at each concurrency and reports requests/s, latency and the gateway workers' CPU milliseconds per request.",
+    )
+    add_options(s, BenchGatewayConfig)
+    s.set_defaults(func=_cmd_bench_gateway)

@@ -12,6 +12,15 @@ from yolov9.core.detection_defaults import CONF, MAX_DET
 from yolov9.core.options import int_list, option
 from yolov9.core.paths import SAMPLE_IMAGES
 
+# core/decode.py's decoders (named here too: this module stays torch-free for a fast --help)
+Decoder = Literal["auto", "nvimgcodec", "nvjpeg", "cpu"]
+DECODER_HELP = (
+    "auto",
+    "JPEG decoder: auto takes nvjpeg (torchvision, on the CUDA cores) on a GPU and cpu elsewhere; nvimgcodec uses "
+    "the GPU's hardware JPEG engines (pip install yolov9-trt[gpu]); one that cannot run falls back along nvimgcodec, "
+    "nvjpeg, cpu",
+)
+
 
 def batch_sizes(text: str) -> list[int]:
     """--preferred-batch: a comma list of sizes, or 'none' (an empty list)."""
@@ -50,6 +59,7 @@ class RepoConfig:
     cuda_graphs: bool = option(
         True, "GPU instances replay one CUDA graph per batch bucket (--no-cuda-graphs: the engine kernel by kernel)"
     )
+    decoder: Decoder = option(DECODER_HELP[0], DECODER_HELP[1])
     max_queue: int = option(1024, "requests Triton queues per model before it refuses more")
     trt_variant: bool = option(False, "also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton")
     copy_engine: bool = option(
@@ -106,10 +116,27 @@ class BenchDetectorConfig:
     iters: int = option(20, "timed batches per size")
     warmup: int = option(3, "untimed batches per size")
     cuda_graphs: bool = option(True, "run the engine with CUDA-graph buckets (--no-cuda-graphs: without)")
+    decoder: Decoder = option(DECODER_HELP[0], DECODER_HELP[1])
     procs: int = option(
         1,
         "run it in this many processes at once (as that many Triton instances would) and report their combined "
         "images/s, without the per-stage split",
     )
     mps: bool = option(False, "with --procs: run the processes under a CUDA MPS daemon")
+    out: str | None = option(None, "write the rows as JSON here")
+
+
+@dataclass
+class BenchGatewayConfig:
+    """`yolov9 bench gateway`: the gateway alone against a stand-in Triton that answers at once (serve/stub_triton.py):
+    requests/s and CPU per request of its workers, on any machine."""
+
+    images: str = option(str(SAMPLE_IMAGES), "folder of images to send (cycled)")
+    concurrency: list[int] = option(factory=lambda: [8, 32], help="comma list: closed-loop steps", type=int_list)
+    duration: float = option(5.0, "seconds per step (after warm-up)")
+    warmup: float = option(1.0, "seconds of warm-up per step, not counted")
+    workers: int = option(1, "gateway worker processes")
+    procs: int = option(1, "client processes")
+    delay_ms: float = option(0.0, "how long the stand-in takes per inference (an await: no CPU)")
+    profile: str | None = option(None, "also profile each worker (cProfile) and write its top functions here (.txt)")
     out: str | None = option(None, "write the rows as JSON here")

@@ -1,6 +1,7 @@
-"""What Triton's python backend runs: decode encoded images (nvJPEG on the GPU), letterbox on the device,
-one engine call for the whole dynamic batch, NMS on the device, fixed-size detections per image.
-Importable and tested on its own; serve/triton/model.py only adapts Triton's request objects to it."""
+"""What Triton's python backend runs: decode encoded images (core/decode.py: the GPU's JPEG engines where it has
+them), letterbox on the device, one engine call for the whole dynamic batch, NMS on the device, fixed-size
+detections per image. Importable and tested on its own; serve/triton/model.py only adapts Triton's request
+objects to it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from yolov9.core.decode import decode_images, pick_decoder
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.postprocess import postprocess_flat
-from yolov9.core.preprocess import ImageError, decode_images, prepare_batch, to_input
+from yolov9.core.preprocess import ImageError, prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
 from yolov9.export.engine import load_engine
 
@@ -44,11 +46,13 @@ class Detector:
         img_size: int | None = None,
         cuda_graphs: bool = True,
         max_batch: int = 64,
+        decoder: str = "auto",
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
         self.device = self.engine.device
         self.max_det = max_det
         self.names = self.engine.names
+        self.decoder = pick_decoder(self.device, decoder)  # core/decode.py: nvImageCodec, nvJPEG or the CPU
         self.buckets = graph_buckets(max_batch) if cuda_graphs and self.device.type == "cuda" else []
         self.run = CudaGraphEngine(self.engine) if self.buckets else self.engine
 
@@ -76,7 +80,7 @@ class Detector:
         """Decode, letterbox and run the engine on the decodable images: (per request its decoded image or its
         ImageError, indices of the decodable requests, their letterbox metas, raw predictions (B, 4 + nc, A))."""
         lap = lap or _Stopwatch(None, self.device)
-        results: list = decode_images([r.data for r in requests], self.device)
+        results: list = decode_images([r.data for r in requests], self.device, self.decoder)
         lap("decode")
         ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
         if not ok:

@@ -80,8 +80,16 @@ class ServingStack:
                 srv.start(cfg.timeout, model=serving_model(self.repo, cfg.model.name))
             log = self.log_dir / "gateway.log"
             urls = [s.grpc_url for s in self.tritons]
+            metrics = ",".join(s.metrics_url for s in self.tritons)
             self.gateway = GatewayProcess(
-                urls, cfg.host, cfg.port, cfg.workers, log, model=cfg.model.name, repo=self.repo
+                urls,
+                cfg.host,
+                cfg.port,
+                cfg.workers,
+                log,
+                model=cfg.model.name,
+                repo=self.repo,
+                triton_metrics_urls=metrics,
             )
             self.gateway.start()
         except BaseException:

@@ -87,12 +87,14 @@ def interpreter_env() -> dict[str, str]:
     """What the python-backend stub needs to import this project with the packages of the interpreter running it,
     however that was started (an activated venv, or its bin/yolov9 by path): the stub embeds Python and finds its
     environment the way `python3` on PATH would, and reads PYTHONPATH."""
-    paths = [str(PACKAGE_ROOT), *site.getsitepackages()]
+    # in the order this interpreter searches them: PYTHONPATH before site-packages (a package in both, such as the
+    # `nvidia` namespace of CUDA wheels, must resolve as it does here)
+    paths = [str(PACKAGE_ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages()]
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         paths.append(site.getusersitepackages())
     env = {
         "PATH": os.pathsep.join(filter(None, [os.path.dirname(sys.executable), os.environ.get("PATH")])),
-        "PYTHONPATH": os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(filter(None, paths))),
     }
     if sys.prefix != sys.base_prefix:
         env["VIRTUAL_ENV"] = sys.prefix

@@ -4,6 +4,7 @@ routes in serve/gateway/routers/, shared concerns as dependencies, one error bod
 from __future__ import annotations
 
 import gc
+import os
 import time
 from contextlib import asynccontextmanager
 
@@ -40,19 +41,33 @@ class ObserveMiddleware:
             metrics.LATENCY.labels(endpoint=scope["path"]).observe(time.perf_counter() - t0)
 
 
+def _start_profile():
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()  # this thread from now on: the event loop and every request it runs
+    return profiler
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.pool = TritonPool(settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s)
+        app.state.pool = TritonPool(
+            settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s, settings.metrics_urls
+        )
         await app.state.pool.start()
         app.state.in_flight = 0
         # what exists now lives as long as the worker: keep it out of the collector's full passes, which would
         # otherwise walk all of it while every request in flight on this worker waits
         gc.collect()
         gc.freeze()
+        profiler = _start_profile() if settings.profile else None
         yield
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{settings.profile}.{os.getpid()}.prof")
         await app.state.pool.close()
 
     app = FastAPI(
@@ -62,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Object detection over HTTP: images in, boxes out. Backed by Triton Inference Server.",
         responses={code: {"model": ErrorBody} for code in (400, 401, 403, 408, 409, 413, 415, 422, 503, 504)},
     )
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings
     errors.install(app)
     app.add_middleware(ObserveMiddleware)
     app.include_router(detect.router)

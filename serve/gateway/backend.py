@@ -60,6 +60,7 @@ class Endpoint:
 
     url: str
     client: grpcclient.InferenceServerClient
+    metrics_url: str | None = None
     healthy: bool = False
     versions: dict[int, str] = field(default_factory=dict)  # version -> state, from the repository index
     outstanding: int = 0
@@ -95,11 +96,22 @@ CHANNEL_ARGS = [
 
 
 class TritonPool:
-    def __init__(self, urls: list[str], model: str, timeout_s: float = 30.0, health_interval_s: float = 0.5):
+    def __init__(
+        self,
+        urls: list[str],
+        model: str,
+        timeout_s: float = 30.0,
+        health_interval_s: float = 0.5,
+        metrics_urls: list[str] | None = None,
+    ):
         if not urls:
             raise BadInput("no Triton endpoint given")
         self.model, self.timeout_s, self.health_interval_s = model, timeout_s, health_interval_s
-        self.endpoints = [Endpoint(u, grpcclient.InferenceServerClient(u, channel_args=CHANNEL_ARGS)) for u in urls]
+        metrics_urls = metrics_urls or [None] * len(urls)
+        self.endpoints = [
+            Endpoint(u, grpcclient.InferenceServerClient(u, channel_args=CHANNEL_ARGS), m)
+            for u, m in zip(urls, metrics_urls)
+        ]
         self._rr = itertools.count()
         self.names: list[str] | None = None
         self._task: asyncio.Task | None = None
@@ -167,6 +179,23 @@ class TritonPool:
             self.names = json.loads(engine_names) if engine_names else []
         return self.names
 
+    async def decoders(self) -> list[dict[str, int] | None]:
+        """Per endpoint, the JPEG decoders its model instances use and how many use each (from the
+        yolov9_decoder_info metric the Triton model publishes); None where its metrics cannot be read."""
+        import httpx
+
+        async def one(e: Endpoint) -> dict[str, int] | None:
+            if not e.metrics_url:
+                return None
+            try:
+                async with httpx.AsyncClient(timeout=2) as client:
+                    text = (await client.get(e.metrics_url)).text
+            except httpx.HTTPError:
+                return None
+            return decoder_counts(text, self.model)
+
+        return list(await asyncio.gather(*(one(e) for e in self.endpoints)))
+
     def versions(self) -> list[dict]:
         """Every version any endpoint knows, its state there, and which one serves."""
         seen: dict[int, set[str]] = {}
@@ -215,6 +244,19 @@ class TritonPool:
         metrics.ENDPOINT_REQUESTS.labels(endpoint=e.url).inc()
         n = int(r.as_numpy("NUM_DETS").reshape(-1)[0])
         return r.as_numpy("DETECTIONS")[0, :n], version
+
+
+_DECODER_LINE = re.compile(r"^yolov9_decoder_info\{([^}]*)\}\s+([0-9.eE+-]+)", re.M)
+
+
+def decoder_counts(metrics_text: str, base: str) -> dict[str, int]:
+    """{decoder: instances} for model `base` and its versions, from Triton's Prometheus text."""
+    out: dict[str, int] = {}
+    for labels, value in _DECODER_LINE.findall(metrics_text):
+        kv = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if version_of(kv.get("model", ""), base) is not None and "decoder" in kv:
+            out[kv["decoder"]] = out.get(kv["decoder"], 0) + int(float(value))
+    return out
 
 
 def _request(data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None):

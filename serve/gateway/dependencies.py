@@ -13,16 +13,23 @@ from yolov9.core.image_io import ImageError, image_size
 from yolov9.serve.gateway.backend import TritonPool
 from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.schemas import DetectParams
-from yolov9.serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway.settings import Settings
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
 
 
-def get_pool(request: Request) -> TritonPool:
+# async on purpose: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request
+async def get_pool(request: Request) -> TritonPool:
     return request.app.state.pool
 
 
-async def require_key(request: Request, settings: Settings = Depends(get_settings)) -> None:
+async def app_settings(request: Request) -> Settings:
+    """The settings the app was made with (not FastAPI's dependency_overrides: with any override present, FastAPI
+    re-analyses every dependency of every request)."""
+    return request.app.state.settings
+
+
+async def require_key(request: Request, settings: Settings = Depends(app_settings)) -> None:
     if settings.api_key and not secrets.compare_digest(request.headers.get("x-api-key", ""), settings.api_key):
         raise GatewayError(401, "unauthorized", "missing or wrong X-API-Key header")
 
@@ -83,7 +90,7 @@ async def upload_bytes(f: UploadFile, limit: int, name: str = "upload") -> bytes
     return data
 
 
-async def read_image(request: Request, settings: Settings = Depends(get_settings)) -> bytes:
+async def read_image(request: Request, settings: Settings = Depends(app_settings)) -> bytes:
     """The image: the raw body (its content type an image type), or the multipart field 'file'; size- and
     type-checked, and a form body that is not a file upload told how to send the image."""
     limit = settings.max_upload_bytes
@@ -107,7 +114,7 @@ async def read_image(request: Request, settings: Settings = Depends(get_settings
     return data
 
 
-async def read_images(request: Request, settings: Settings = Depends(get_settings)) -> list[bytes]:
+async def read_images(request: Request, settings: Settings = Depends(app_settings)) -> list[bytes]:
     """The images of the multipart field 'files' (the batch endpoint)."""
     limit = settings.max_upload_bytes
     if content_type(request) != "multipart/form-data":

@@ -11,6 +11,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="YOLOV9_")
 
     triton_urls: str = "127.0.0.1:8001"  # comma list of Triton gRPC endpoints
+    # their metrics URLs in the same order (default: each gRPC port + 1, Triton's own layout 8001 -> 8002)
+    triton_metrics_urls: str = ""
     model: str = "yolov9"
     max_upload_bytes: int = 20 * 2**20
     max_in_flight: int = 512  # per worker; beyond it requests get 503 + Retry-After
@@ -22,10 +24,18 @@ class Settings(BaseSettings):
     body_timeout_s: float = 60.0  # and its body within this after them
     max_connections: int = 1024  # open connections per worker; beyond it new ones get 503 and are closed
     repo: str | None = None  # the model repository, for deploy/rollback through the admin endpoints
+    profile: str | None = None  # bench gateway --profile: each worker writes its cProfile to <profile>.<pid>.prof
 
     @property
     def endpoints(self) -> list[str]:
         return [u for u in self.triton_urls.split(",") if u]
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        given = [u for u in self.triton_metrics_urls.split(",") if u]
+        if given:
+            return given
+        return [f"http://{host}:{int(port) + 1}/metrics" for host, port in (u.rsplit(":", 1) for u in self.endpoints)]
 
 
 @lru_cache

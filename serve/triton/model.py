@@ -19,6 +19,29 @@ def _input(request, name):
     return None if t is None else torch.from_dlpack(t.to_dlpack())
 
 
+def _decoder_metrics(model: str, decoder: str):
+    """The decoder this instance uses, on Triton's metrics endpoint: yolov9_decoder_info{model, decoder} (instances
+    using it) and yolov9_decoded_images_total{model, decoder}. (families, counter), kept together: a metric whose
+    family is gone cannot be updated. None where the server has metrics off."""
+    try:
+        info = pb_utils.MetricFamily(
+            name="yolov9_decoder_info",
+            description="model instances decoding with this JPEG decoder",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        count = pb_utils.MetricFamily(
+            name="yolov9_decoded_images_total",
+            description="images decoded, by decoder",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        labels = {"model": model, "decoder": decoder}
+        instances = info.Metric(labels=labels)
+        instances.increment(1)
+        return (info, count, instances), count.Metric(labels=labels)
+    except Exception:
+        return None, None
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
@@ -36,8 +59,11 @@ class TritonPythonModel:
             img_size=int(params.get("img_size", 640)),
             cuda_graphs=params.get("cuda_graphs", "1") == "1",
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
+            decoder=params.get("decoder", "auto"),
         )
         self.detector.warmup()
+        print(f"{args['model_name']} instance {args['model_instance_name']}: decoder {self.detector.decoder.name}")
+        self._metric_families, self.decoded = _decoder_metrics(args["model_name"], self.detector.decoder.name)
 
     def execute(self, requests):
         parsed = []
@@ -54,6 +80,8 @@ class TritonPythonModel:
                     classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
                 )
             )
+        if self.decoded is not None:
+            self.decoded.increment(len(parsed))
         responses = []
         for res in self.detector(parsed):
             if isinstance(res, Exception):
@@ -68,4 +96,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        self.detector = None
+        self.detector = self.decoded = self._metric_families = None

@@ -7,7 +7,8 @@ import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
-from yolov9.core.preprocess import ImageError, decode_image, letterbox
+from yolov9.core.decode import decode_image
+from yolov9.core.preprocess import ImageError, letterbox
 
 
 class TritonPythonModel:

@@ -16,10 +16,11 @@ import torch
 
 from tests.conftest import rel_l2, requires_cuda
 from yolov9.core.checkpoint import load_model, save_checkpoint
+from yolov9.core.decode import decode_image
 from yolov9.core.detection_defaults import Thresholds
 from yolov9.core.model import DetectionModel
 from yolov9.core.postprocess import nms_flat, per_image
-from yolov9.core.preprocess import decode_image, prepare_batch, to_input
+from yolov9.core.preprocess import prepare_batch, to_input
 from yolov9.export.engine import engine_spec, load_engine
 from yolov9.export.onnx_export import OnnxEngine, export_onnx
 from yolov9.export.torch_engine import TorchEngine

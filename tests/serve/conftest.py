@@ -49,7 +49,12 @@ def triton(checkpoint, tmp_path_factory):
 def gateway(triton, tmp_path_factory):
     logs = tmp_path_factory.mktemp("gwlogs")
     gw = GatewayProcess(
-        [triton.grpc_url], port=free_port(), workers=2, max_upload_bytes=2 * 2**20, log_file=logs / "gateway.log"
+        [triton.grpc_url],
+        port=free_port(),
+        workers=2,
+        max_upload_bytes=2 * 2**20,
+        log_file=logs / "gateway.log",
+        triton_metrics_urls=triton.metrics_url,
     )
     gw.start()
     yield gw

@@ -145,3 +145,16 @@ def test_all_requests_failing_is_a_nonzero_exit_with_one_line(tmp_path):
     assert r.returncode == 2, r.stdout[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "every request failed" in lines[0] and url in lines[0], r.stderr
+
+
+def test_bench_gateway_measures_the_gateway_alone(tmp_path):
+    """`yolov9 bench gateway`: the real gateway in front of the stand-in Triton, a short step; the numbers are
+    reported, not judged (speed belongs in docs/benchmarks.md)."""
+    out = tmp_path / "bg.json"
+    cmd = [sys.executable, "-m", "yolov9", "bench", "gateway", "--concurrency", "2", "--duration", "1.5"]
+    r = subprocess.run([*cmd, "--warmup", "0.5", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ok"] > 0 and row["errors"] == {} and row["gateway_workers"] == 1
+    assert row["gateway_cpu_ms_per_request"] > 0
+    assert "requests/s" in r.stdout and "CPU ms/request" in r.stdout

@@ -229,7 +229,8 @@ def test_loader_keys_carry_the_epoch(coco48):
 
 
 def test_decode_images_keeps_going_past_bad_ones(coco48):
-    from yolov9.core.preprocess import ImageError, decode_images
+    from yolov9.core.decode import decode_images
+    from yolov9.core.preprocess import ImageError
 
     good = sorted((coco48 / "images").glob("*.jpg"))[0].read_bytes()
     out = decode_images([good, b"junk" * 20, good[: len(good) // 4], good])
@@ -239,7 +240,8 @@ def test_decode_images_keeps_going_past_bad_ones(coco48):
 
 
 def test_prepare_batch_equals_letterbox_image_by_image():
-    from yolov9.core.preprocess import decode_image, letterbox, prepare_batch
+    from yolov9.core.decode import decode_image
+    from yolov9.core.preprocess import letterbox, prepare_batch
 
     shipped = [decode_image(f) for f in sorted(sample_images())]
     # repeated sizes (one resize per size), an exact fit, an upscale, a tall and a wide crop

@@ -20,9 +20,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
+from yolov9.core.decode import decode_image
 from yolov9.core.errors import BadInput, MissingInput
 from yolov9.core.image_io import image_file_hw
-from yolov9.core.preprocess import ImageError, decode_image, letterbox
+from yolov9.core.preprocess import ImageError, letterbox
 from yolov9.train import distributed
 from yolov9.train.config import Hyp
 from yolov9.train.data import augment as A

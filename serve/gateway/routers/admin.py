@@ -10,14 +10,14 @@ import sys
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from yolov9.serve.gateway.dependencies import require_key
+from yolov9.serve.gateway.dependencies import app_settings, require_key
 from yolov9.serve.gateway.errors import GatewayError
-from yolov9.serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway.settings import Settings
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
-async def require_admin(request: Request, settings: Settings = Depends(get_settings)) -> None:
+async def require_admin(request: Request, settings: Settings = Depends(app_settings)) -> None:
     if not settings.api_key and (request.client is None or request.client.host not in LOOPBACK):
         raise GatewayError(403, "forbidden", "admin endpoints need YOLOV9_API_KEY set, or a client on this machine")
     if not settings.repo:
@@ -47,11 +47,11 @@ async def _run(args: list[str], settings: Settings) -> dict:
 
 @router.post("/deploy", summary="Roll out a checkpoint or engine file (a path on the server) as the next version")
 async def deploy(
-    engine: str = Query(..., description="file path on the gateway's host"), settings=Depends(get_settings)
+    engine: str = Query(..., description="file path on the gateway's host"), settings=Depends(app_settings)
 ):
     return await _run(["deploy", engine], settings)
 
 
 @router.post("/rollback", summary="Go back to the version served before the current one")
-async def rollback(settings: Settings = Depends(get_settings)):
+async def rollback(settings: Settings = Depends(app_settings)):
     return await _run(["rollback"], settings)

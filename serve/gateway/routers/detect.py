@@ -15,6 +15,7 @@ from yolov9.serve.gateway.backend import BackendError, TritonPool
 from yolov9.serve.gateway.dependencies import (
     IMAGE_BODY,
     IMAGES_BODY,
+    app_settings,
     detect_params,
     get_pool,
     image_hw,
@@ -24,7 +25,7 @@ from yolov9.serve.gateway.dependencies import (
 )
 from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.schemas import BatchResponse, DetectParams, DetectResponse
-from yolov9.serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway.settings import Settings
 
 router = APIRouter(prefix="/v1/detect", dependencies=[Depends(require_key)])
 
@@ -72,7 +73,7 @@ async def detect(
     params: DetectParams = Depends(detect_params),
     data: bytes = Depends(read_image),
     pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(get_settings),
+    settings: Settings = Depends(app_settings),
 ):
     return JSONResponse(await detect_one(request, data, params, pool, settings))
 
@@ -88,7 +89,7 @@ async def detect_batch(
     params: DetectParams = Depends(detect_params),
     blobs: list[bytes] = Depends(read_images),
     pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(get_settings),
+    settings: Settings = Depends(app_settings),
 ):
     metrics.BATCH_SIZE.observe(len(blobs))
     results = await asyncio.gather(*(detect_one(request, b, params, pool, settings) for b in blobs))
@@ -106,7 +107,7 @@ async def detect_annotated(
     params: DetectParams = Depends(detect_params),
     data: bytes = Depends(read_image),
     pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(get_settings),
+    settings: Settings = Depends(app_settings),
 ):
     from PIL import Image
 

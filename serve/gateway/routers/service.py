@@ -9,9 +9,9 @@ from fastapi.responses import HTMLResponse, Response
 
 from yolov9.serve.gateway import metrics
 from yolov9.serve.gateway.backend import BackendError, TritonPool
-from yolov9.serve.gateway.dependencies import get_pool
+from yolov9.serve.gateway.dependencies import app_settings, get_pool
 from yolov9.serve.gateway.errors import GatewayError
-from yolov9.serve.gateway.settings import Settings, get_settings
+from yolov9.serve.gateway.settings import Settings
 
 router = APIRouter()
 PAGE = Path(__file__).resolve().parents[1] / "static" / "index.html"
@@ -24,12 +24,13 @@ async def page():
 
 
 @router.get("/v1/models", summary="The served model, its classes and its Triton configuration")
-async def models(pool: TritonPool = Depends(get_pool), settings: Settings = Depends(get_settings)):
+async def models(pool: TritonPool = Depends(get_pool), settings: Settings = Depends(app_settings)):
     try:
         cfg = await pool.model_info()
         names = await pool.class_names()
     except BackendError as e:
         raise GatewayError.from_backend(e) from None
+    endpoints = [{**e.summary(), "decoders": d} for e, d in zip(pool.endpoints, await pool.decoders())]
     return {
         "models": [
             {
@@ -39,7 +40,7 @@ async def models(pool: TritonPool = Depends(get_pool), settings: Settings = Depe
                 "max_batch_size": cfg.get("max_batch_size"),
                 "img_size": int(cfg.get("parameters", {}).get("img_size", {}).get("string_value", 0)) or None,
                 "versions": pool.versions(),
-                "endpoints": [e.summary() for e in pool.endpoints],
+                "endpoints": endpoints,
             }
         ]
     }

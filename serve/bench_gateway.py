@@ -1,0 +1,128 @@
+"""`yolov9 bench gateway`: the gateway's own cost per request, measured against a stand-in Triton that answers at
+once, so what is measured is the HTTP parse, the upload, the dependencies, the gRPC call and the JSON answer.
+Reported per step: requests/s and latency (the client's view) and the gateway workers' CPU milliseconds per request
+(their process CPU time over the measured requests), which does not depend on how fast the client is."""
+
+from __future__ import annotations
+
+import json
+import os
+import pstats
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from yolov9.core.paths import PACKAGE_ROOT
+from yolov9.serve.config import BenchGatewayConfig
+from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.loadtest import Step, load_images, run_step
+from yolov9.serve.processes import ManagedProcess
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class StubTritonProcess(ManagedProcess):
+    def __init__(self, port: int, delay_ms: float = 0.0):
+        super().__init__()
+        self.port, self.delay_ms = port, delay_ms
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> StubTritonProcess:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "yolov9.serve.stub_triton",
+            "--port",
+            str(self.port),
+            "--delay-ms",
+            str(self.delay_ms),
+        ]
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.1)
+        raise TimeoutError("the stand-in Triton did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its descendants (the gateway's supervisor and its workers)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def measure(url: str, pid: int, images: list[bytes], concurrency: int, cfg: BenchGatewayConfig) -> dict:
+    """One closed-loop step against the gateway at `url` whose processes descend from `pid`."""
+    step = Step("gateway", url, "yolov9", concurrency, None, cfg.warmup, cfg.duration, None, 0.25, 30.0)
+    cpu0 = cpu_seconds(pid)
+    row = run_step(step, images, procs=cfg.procs)
+    cpu = cpu_seconds(pid) - cpu0
+    sent = row.get("ok", 0) + sum(row.get("errors", {}).values())
+    # the warm-up's requests are served too: spread the CPU over every request the step sent
+    total = sent * (cfg.duration + cfg.warmup) / cfg.duration if sent else 0
+    row["gateway_cpu_ms_per_request"] = round(1000 * cpu / total, 3) if total else None
+    row["gateway_workers"] = cfg.workers
+    return row
+
+
+def bench_gateway(cfg: BenchGatewayConfig) -> list[dict]:
+    images = load_images(cfg.images)
+    settings = {}
+    if cfg.profile:
+        Path(cfg.profile).parent.mkdir(parents=True, exist_ok=True)
+        settings["profile"] = str(Path(cfg.profile).with_suffix(""))
+    rows = []
+    with StubTritonProcess(free_port(), cfg.delay_ms).start() as stub:
+        gw = GatewayProcess([stub.url], port=free_port(), workers=cfg.workers, **settings)
+        with gw.start():
+            for c in cfg.concurrency:
+                row = measure(gw.url, gw.proc.pid, images, c, cfg)
+                rows.append(row)
+                print(
+                    f"gateway x{cfg.workers} c{c}: {row['images_per_s']:,.1f} requests/s, p50 {row['p50_ms']} ms, "
+                    f"p99 {row['p99_ms']} ms, {row['gateway_cpu_ms_per_request']} CPU ms/request, "
+                    f"errors {sum(row.get('errors', {}).values())}",
+                    flush=True,
+                )
+    if cfg.profile:
+        _write_profile(Path(cfg.profile))
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps({"config": vars(cfg), "rows": rows}, indent=1))
+    return rows
+
+
+def _write_profile(out: Path) -> None:
+    """The workers' cProfile dumps (one per worker: <stem>.<pid>.prof) as one table of the top functions."""
+    dumps = sorted(out.parent.glob(out.with_suffix("").name + ".*.prof"))
+    if not dumps:
+        print(f"no profile dumps beside {out}", file=sys.stderr)
+        return
+    with open(out, "w") as f:
+        stats = pstats.Stats(*map(str, dumps), stream=f)
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_stats(40)
+    print(f"profile: {out}")
