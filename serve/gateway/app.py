@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.pool = TritonPool(
             settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s, settings.metrics_urls
         )
-        await app.state.pool.start()
+        await app.state.pool.start(settings.startup_wait_s)
         app.state.in_flight = 0
         # what exists now lives as long as the worker: keep it out of the collector's full passes, which would
         # otherwise walk all of it while every request in flight on this worker waits

@@ -116,9 +116,15 @@ class TritonPool:
         self.names: list[str] | None = None
         self._task: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        """The first health check, then one every health_interval_s in the background."""
+    async def start(self, wait_s: float = 0.0) -> None:
+        """Health checks until an endpoint serves the model or wait_s has passed, then one every
+        health_interval_s in the background. A worker starts accepting connections only after this: one that had
+        not reached Triton yet would answer its first requests with 503 while the others serve."""
+        deadline = time.monotonic() + wait_s
         await self.check_all()
+        while not await self.ready() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.2, self.health_interval_s))
+            await self.check_all()
         self._task = asyncio.create_task(self._watch())
 
     async def close(self) -> None:

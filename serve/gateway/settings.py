@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     timeout_s: float = 30.0
     api_key: str | None = None  # when set, clients send it as the X-API-Key header
     max_batch_images: int = 64
+    startup_wait_s: float = 10.0  # a starting worker waits this long for Triton before it accepts connections
     health_interval_s: float = 0.5  # how often each Triton endpoint is checked (and its served version read)
     header_timeout_s: float = 10.0  # a request's headers must arrive within this, else 408 and the connection closes
     body_timeout_s: float = 60.0  # and its body within this after them

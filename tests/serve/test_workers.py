@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -153,3 +154,33 @@ def test_slow_headers_and_bodies_get_408_and_connections_are_bounded():
         assert data.startswith(b"HTTP/1.1 503") and b"open connections" in data, data
         for h in held:
             h.close()
+
+
+def test_a_starting_worker_waits_for_triton_before_it_takes_requests():
+    """Workers started before Triton answers: the first request waits (in the worker's listening queue) until that
+    worker has reached Triton, instead of an early 503 from a worker still connecting."""
+    from yolov9.core.paths import sample_images
+    from yolov9.serve.bench_gateway import StubTritonProcess
+
+    grpc_port, port = free_port(), free_port()
+    env = {**os.environ, "YOLOV9_TRITON_URLS": f"127.0.0.1:{grpc_port}", "YOLOV9_STARTUP_WAIT_S": "30"}
+    cmd = [sys.executable, "-m", "yolov9.serve.gateway.workers", "--workers", "2", "--port", str(port)]
+    gw = subprocess.Popen(cmd, env=env, start_new_session=True)
+    stub = StubTritonProcess(grpc_port)
+    try:
+        time.sleep(3)  # the workers are up and looking for Triton: none is there yet
+        assert gw.poll() is None
+        with httpx.Client(timeout=60) as client:
+            image = sample_images()[0].read_bytes()
+            late = threading.Timer(2, stub.start)  # Triton comes up while the request waits
+            sent = time.monotonic()
+            late.start()
+            r = client.post(f"http://127.0.0.1:{port}/v1/detect", content=image, headers={"Content-Type": "image/jpeg"})
+            late.join()
+            assert stub.running() and r.status_code == 200, r.text
+            assert time.monotonic() - sent >= 2  # it was held until Triton answered, not refused
+            assert len(r.json()["detections"]) == 3
+    finally:
+        stub.stop()
+        os.killpg(gw.pid, signal.SIGTERM)
+        gw.wait(30)
