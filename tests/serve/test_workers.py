@@ -35,7 +35,8 @@ def _connections_per_worker(gw: GatewayProcess) -> dict[int, int]:
 
 @pytest.mark.skipif(not workers.supported(), reason="SO_REUSEPORT balancing is Linux-only")
 def test_workers_share_keepalive_connections_and_a_dead_worker_is_replaced():
-    with GatewayProcess(["127.0.0.1:1"], port=free_port(), workers=4) as gw:  # no Triton needed for /healthz
+    # no Triton needed for /healthz; a worker restarted below must not wait for one before it accepts
+    with GatewayProcess(["127.0.0.1:1"], port=free_port(), workers=4, startup_wait_s=0) as gw:
         gw.start()
 
         async def hold_connections(n: int) -> dict[int, int]:
