@@ -20,13 +20,7 @@ from yolov9.core.paths import PACKAGE_ROOT
 from yolov9.serve.config import BenchGatewayConfig
 from yolov9.serve.gateway.process import GatewayProcess
 from yolov9.serve.loadtest import Step, load_images, run_step
-from yolov9.serve.processes import ManagedProcess
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from yolov9.serve.processes import ManagedProcess, free_port
 
 
 class StubTritonProcess(ManagedProcess):

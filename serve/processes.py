@@ -10,6 +10,13 @@ import subprocess
 from yolov9.core.errors import Unavailable
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick), for servers started on loopback by benches and tests."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def require_free_ports(host: str, ports: dict[str, int]) -> None:
     """Each port must be free: a server still running there would answer the new one's readiness checks."""
     for flag, port in ports.items():

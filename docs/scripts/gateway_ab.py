@@ -13,9 +13,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from yolov9.serve.bench_gateway import StubTritonProcess, free_port, measure
+from yolov9.serve.bench_gateway import StubTritonProcess, measure
 from yolov9.serve.config import BenchGatewayConfig
 from yolov9.serve.loadtest import load_images
+from yolov9.serve.processes import free_port
 
 out, targets = Path(sys.argv[1]), sys.argv[2:]
 cfg = BenchGatewayConfig(concurrency=[8, 32], duration=5)

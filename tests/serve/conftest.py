@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,12 @@ from yolov9.core.coco_names import COCO_NAMES
 from yolov9.core.model import DetectionModel
 from yolov9.serve.config import RepoConfig
 from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.processes import free_port  # noqa: F401 (the tests import it from here)
 from yolov9.serve.repository import build_repo
 from yolov9.serve.triton_server import TritonServer
 
 IMG = 320
 CONF = 1e-5  # a seeded random model scores about 1e-5: low thresholds give real, comparable detections
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
