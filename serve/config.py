@@ -85,7 +85,9 @@ class LoadtestConfig:
     duration: float = option(10.0, "seconds per step (after warm-up)")
     requests: int | None = option(None, "stop a step after this many measured requests (warm-up ones not counted)")
     warmup: float = option(2.0, "seconds of warm-up per step, not counted")
-    procs: int = option(1, "client processes sharing the load")
+    procs: int = option(
+        1, "client processes sharing the load; a step's concurrency is the total in flight, so at most that many run"
+    )
     model: str = option("yolov9", "Triton model name (target triton)")
     conf: float = option(CONF, "score threshold sent with each request")
     timeout: float = option(30.0, "per-request timeout in seconds")

@@ -84,7 +84,17 @@ def _client(step: Step):
     return send, client.close
 
 
-async def _run_step(step: Step, images: list[bytes], t_start: float, share: float) -> list[tuple]:
+def split_load(step: Step, procs: int) -> list[tuple[float, int]]:
+    """Each client process's (share of the rate and request cap, closed-loop senders). Concurrency is the total in
+    flight: never more processes than senders, and the senders spread so that they add up to it exactly."""
+    if step.rate:
+        return [(1.0 / procs, 0)] * procs
+    n = max(1, min(procs, step.concurrency))
+    senders = [step.concurrency // n + (i < step.concurrency % n) for i in range(n)]
+    return [(k / step.concurrency, k) for k in senders]
+
+
+async def _run_step(step: Step, images: list[bytes], t_start: float, share: float, senders: int) -> list[tuple]:
     """Samples (start time, latency s, error kind or '', backend s or None) from this process's share of the load.
     The backend time is the gateway's own `latency_ms` (its wait on Triton): it tells whether a slow response
     was slow inside Triton or in front of it."""
@@ -134,15 +144,14 @@ async def _run_step(step: Step, images: list[bytes], t_start: float, share: floa
                 counter[0] += 1
                 await one(counter[0] + w)
 
-        n = max(1, round(step.concurrency * share))
-        await asyncio.gather(*(worker(w) for w in range(n)))
+        await asyncio.gather(*(worker(w) for w in range(senders)))
     await close()
     return samples
 
 
-def _proc_main(step: Step, images: list[bytes], t_start: float, share: float, q) -> None:
+def _proc_main(step: Step, images: list[bytes], t_start: float, share: float, senders: int, q) -> None:
     cpu0 = time.process_time()
-    samples = asyncio.run(_run_step(step, images, t_start, share))
+    samples = asyncio.run(_run_step(step, images, t_start, share, senders))
     q.put((samples, time.process_time() - cpu0))
 
 
@@ -222,14 +231,15 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
     before = scrape_triton(metrics_url)
     t_start = time.perf_counter() + 0.5
     wall0 = time.perf_counter()
-    if procs <= 1:
+    loads = split_load(step, procs)
+    if len(loads) == 1:
         cpu0 = time.process_time()
-        samples = asyncio.run(_run_step(step, images, t_start, 1.0))
+        samples = asyncio.run(_run_step(step, images, t_start, *loads[0]))
         cpu = time.process_time() - cpu0
     else:
         ctx = mp.get_context("fork")  # perf_counter is CLOCK_MONOTONIC: shared by forked children
         q = ctx.Queue()
-        ps = [ctx.Process(target=_proc_main, args=(step, images, t_start, 1.0 / procs, q)) for _ in range(procs)]
+        ps = [ctx.Process(target=_proc_main, args=(step, images, t_start, *load, q)) for load in loads]
         for p in ps:
             p.start()
         parts = [q.get() for _ in ps]
@@ -242,7 +252,7 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
         "target": step.target,
         "concurrency": step.concurrency,
         "rate": step.rate,
-        "procs": procs,
+        "procs": len(loads),
         "client_cores": os.cpu_count(),
         **summarize(samples, t_start, step.warmup, cpu, wall),
     }

@@ -18,10 +18,15 @@ mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
 cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"
 step() { local t=$1 name=$2; shift 2; SECONDS=0; timeout "$t" "$@" >"$R/$name.log" 2>&1; echo "$name: exit $? in ${SECONDS}s" | tee -a "$R/steps.txt"; }
+stop_stack() {  # the next server needs the ports: wait until the old processes are gone
+  pkill -f "serve.gateway.workers"; pkill -f "yolov9 serve triton"; pkill -f tritonserver
+  for _ in $(seq 1 60); do pgrep -f "tritonserver|serve.gateway.workers" >/dev/null || return 0; sleep 1; done
+  pkill -9 -f "tritonserver|serve.gateway.workers"; sleep 2
+}
 wait_url() { for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/gpu.txt"
 
-step 150 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/serve/test_detector.py
+step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/serve/test_detector.py
 printf 'mosaic: 0.0\nmixup: 0.0\nscale: 0.2\ntranslate: 0.05\n' > "$R/light.yaml"
 step 300 train yolov9 train --data "$DATA/coco128" --cfg yolov9-s --img 640 --epochs "$EPOCHS" --batch 16 --hyp "$R/light.yaml" \
   --close-mosaic 0 --cache ram --workers 12 --no-val --project "$R/runs" --name fit --exist-ok
@@ -51,15 +56,16 @@ step 200 lt_triton $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64
 step 120 val_url yolov9 val --url http://127.0.0.1:8080 --data "$DATA/coco128" --out "$R/val_url.json"
 step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
 curl -s http://127.0.0.1:8002/metrics | grep -E "^yolov9_|^nv_inference_(count|exec_count|queue|compute_infer)" > "$R/triton_metrics.txt"
-pkill -f "serve.gateway.workers"; pkill -f "yolov9 serve triton"; pkill -f tritonserver; sleep 5
+stop_stack
 
-# the decoder before: torchvision's nvJPEG, same recipe
-yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_nvjpeg" --kind gpu --instances 6 --max-batch 64 --queue-delay-us 1000 --decoder nvjpeg > "$R/build2.log" 2>&1
-(yolov9 serve triton --repo "$R/repo_nvjpeg" --mps --log "$R/triton2.log" > "$R/triton2_cmd.log" 2>&1 &)
+# the same recipe with nvImageCodec's hardware decoder in the six instances (auto picks nvJPEG)
+yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_nvimgcodec" --kind gpu --instances 6 --max-batch 64 --queue-delay-us 1000 --decoder nvimgcodec > "$R/build2.log" 2>&1
+(yolov9 serve triton --repo "$R/repo_nvimgcodec" --mps --log "$R/triton2.log" > "$R/triton2_cmd.log" 2>&1 &)
 wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240
 (yolov9 serve gateway --workers 12 > "$R/gateway2.log" 2>&1 &)
 wait_url http://127.0.0.1:8080/readyz 60
-step 150 lt_triton_nvjpeg $LT --target triton --url 127.0.0.1:8001 --concurrency 8,64,160,256 --out "$R/lt_triton_nvjpeg.json"
-step 150 lt_gateway_nvjpeg $LT --target gateway --concurrency 8,64,160,256 --out "$R/lt_gateway_nvjpeg.json"
-pkill -f "serve.gateway.workers"; pkill -f "yolov9 serve triton"; pkill -f tritonserver
+curl -s http://127.0.0.1:8080/v1/models > "$R/models_nvimgcodec.json"
+step 150 lt_triton_nvimgcodec $LT --target triton --url 127.0.0.1:8001 --concurrency 8,64,160,256 --out "$R/lt_triton_nvimgcodec.json"
+step 150 lt_gateway_nvimgcodec $LT --target gateway --concurrency 8,64,160,256 --out "$R/lt_gateway_nvimgcodec.json"
+stop_stack
 touch "$R/done"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gc
 import os
+import secrets
 import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from yolov9.serve.gateway import errors, metrics
 from yolov9.serve.gateway.backend import TritonPool
@@ -39,6 +41,23 @@ class ObserveMiddleware:
         finally:
             metrics.REQUESTS.labels(endpoint=scope["path"], status=str(status[0])).inc()
             metrics.LATENCY.labels(endpoint=scope["path"]).observe(time.perf_counter() - t0)
+
+
+class ApiKeyMiddleware:
+    """With an API key set, the protected paths need it in X-API-Key; checked before routing, so a caller without it
+    learns nothing of the API (not even which parameters are wrong), and the hot path solves no dependency for it."""
+
+    def __init__(self, app, key: str | None, prefixes: tuple[str, ...]):
+        self.app, self.key, self.prefixes = app, key.encode() if key else None, prefixes
+
+    async def __call__(self, scope, receive, send):
+        if self.key and scope["type"] == "http" and scope["path"].startswith(self.prefixes):
+            given = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
+            if not secrets.compare_digest(given, self.key):
+                metrics.ERRORS.labels(kind="unauthorized").inc()
+                body = {"error": "unauthorized", "detail": "missing or wrong X-API-Key header"}
+                return await JSONResponse(body, status_code=401)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def _start_profile():
@@ -79,7 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    app.add_middleware(ObserveMiddleware)
+    app.add_middleware(ApiKeyMiddleware, key=settings.api_key, prefixes=(detect.router.prefix, admin.router.prefix))
+    app.add_middleware(ObserveMiddleware)  # added last: outermost, so it counts the 401s too
     app.include_router(detect.router)
     app.include_router(service.router)
     app.include_router(admin.router)

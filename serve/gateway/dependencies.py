@@ -1,18 +1,19 @@
-"""What the routes share, as FastAPI dependencies: settings, the Triton pool, the API key check, the detect
-parameters and the uploaded image. All async: FastAPI runs sync dependencies in a thread pool, a thread hop per
-request."""
+"""What the routes share: settings, the Triton pool, the detect parameters and the uploaded image.
+The dependencies are async (FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request), and
+the detect routes take one (`detect_context`): FastAPI's dependency solving is most of the gateway's own time per
+request, so the hot path keeps its dependency tree one node deep."""
 
 from __future__ import annotations
 
-import secrets
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Depends, Query, Request, UploadFile
+from fastapi import Query, Request, UploadFile
 
-from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.image_io import ImageError, image_size
 from yolov9.serve.gateway.backend import TritonPool
 from yolov9.serve.gateway.errors import GatewayError
-from yolov9.serve.gateway.schemas import DetectParams
+from yolov9.serve.gateway.schemas import DetectParams, DetectQuery
 from yolov9.serve.gateway.settings import Settings
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
@@ -29,19 +30,16 @@ async def app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def require_key(request: Request, settings: Settings = Depends(app_settings)) -> None:
-    if settings.api_key and not secrets.compare_digest(request.headers.get("x-api-key", ""), settings.api_key):
-        raise GatewayError(401, "unauthorized", "missing or wrong X-API-Key header")
+@dataclass
+class DetectContext:
+    params: DetectParams
+    settings: Settings
+    pool: TritonPool
 
 
-async def detect_params(
-    conf: float = Query(CONF, ge=0.0, le=1.0, description="score threshold"),
-    iou: float = Query(IOU, gt=0.0, le=1.0, description="NMS IoU threshold"),
-    max_det: int = Query(MAX_DET, ge=1, le=1000, description="maximum detections per image"),
-    classes: str | None = Query(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep"),
-) -> DetectParams:
-    """Query parameters shared by the detect endpoints (bad values are answered with 422)."""
-    return DetectParams(conf, iou, max_det, [int(c) for c in classes.split(",")] if classes else None)
+async def detect_context(request: Request, query: Annotated[DetectQuery, Query()]) -> DetectContext:
+    """What every detect route needs: its parameters, the settings and the pool."""
+    return DetectContext(query.params(), request.app.state.settings, request.app.state.pool)
 
 
 def check_content_type(ctype: str, what: str = "content type") -> None:
@@ -90,7 +88,7 @@ async def upload_bytes(f: UploadFile, limit: int, name: str = "upload") -> bytes
     return data
 
 
-async def read_image(request: Request, settings: Settings = Depends(app_settings)) -> bytes:
+async def read_image(request: Request, settings: Settings) -> bytes:
     """The image: the raw body (its content type an image type), or the multipart field 'file'; size- and
     type-checked, and a form body that is not a file upload told how to send the image."""
     limit = settings.max_upload_bytes
@@ -114,7 +112,7 @@ async def read_image(request: Request, settings: Settings = Depends(app_settings
     return data
 
 
-async def read_images(request: Request, settings: Settings = Depends(app_settings)) -> list[bytes]:
+async def read_images(request: Request, settings: Settings) -> list[bytes]:
     """The images of the multipart field 'files' (the batch endpoint)."""
     limit = settings.max_upload_bytes
     if content_type(request) != "multipart/form-data":

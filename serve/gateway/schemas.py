@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
+
 
 class Detection(BaseModel):
     box: list[float] = Field(description="x1, y1, x2, y2 in original-image pixels")
@@ -38,3 +40,17 @@ class DetectParams:
     iou: float
     max_det: int
     classes: list[int] | None
+
+
+class DetectQuery(BaseModel):
+    """The detect endpoints' query parameters, validated as one model (one pydantic call per request, not one per
+    parameter); bad values are answered with 422."""
+
+    conf: float = Field(CONF, ge=0.0, le=1.0, description="score threshold")
+    iou: float = Field(IOU, gt=0.0, le=1.0, description="NMS IoU threshold")
+    max_det: int = Field(MAX_DET, ge=1, le=1000, description="maximum detections per image")
+    classes: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep")
+
+    def params(self) -> DetectParams:
+        classes = [int(c) for c in self.classes.split(",")] if self.classes else None
+        return DetectParams(self.conf, self.iou, self.max_det, classes)

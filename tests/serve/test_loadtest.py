@@ -57,10 +57,12 @@ def test_sweep_against_gateway(gateway, triton, tmp_path):
 
 
 def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
-    res = _run_loadtest(tmp_path, "triton", triton.grpc_url, ["--procs", "2"])
+    res = _run_loadtest(tmp_path, "triton", triton.grpc_url, ["--procs", "2", "--triton-metrics", triton.metrics_url])
     for s in res["steps"]:
-        assert s["errors"] == {} and 0 < s["ok"] <= 60 and s["procs"] == 2
+        # concurrency is the total in flight: concurrency 1 is one process sending one request at a time
+        assert s["errors"] == {} and 0 < s["ok"] <= 60 and s["procs"] == min(2, s["concurrency"])
         assert "backend_p50_ms" not in s  # only the gateway reports its wait on Triton
+    assert res["steps"][0]["triton_avg_batch"] == 1.0
     # --plot draws saved results on one chart and sends nothing
     (tmp_path / "again.json").write_text((tmp_path / "triton.json").read_text())
     files = [str(tmp_path / "triton.json"), str(tmp_path / "again.json")]
@@ -158,3 +160,15 @@ def test_bench_gateway_measures_the_gateway_alone(tmp_path):
     assert row["ok"] > 0 and row["errors"] == {} and row["gateway_workers"] == 1
     assert row["gateway_cpu_ms_per_request"] > 0
     assert "requests/s" in r.stdout and "CPU ms/request" in r.stdout
+
+
+def test_concurrency_is_the_total_in_flight_across_client_processes():
+    from yolov9.serve.loadtest import Step, split_load
+
+    def step(concurrency: int | None, rate: float | None = None) -> Step:
+        return Step("gateway", "http://127.0.0.1:1", "yolov9", concurrency, rate, 0.0, 1.0, None, 0.25, 1.0)
+
+    assert [k for _, k in split_load(step(6), 4)] == [2, 2, 1, 1]
+    assert [k for _, k in split_load(step(1), 4)] == [1]
+    assert abs(sum(share for share, _ in split_load(step(6), 4)) - 1.0) < 1e-9
+    assert split_load(step(None, rate=100.0), 4) == [(0.25, 0)] * 4

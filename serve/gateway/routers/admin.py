@@ -10,7 +10,7 @@ import sys
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from yolov9.serve.gateway.dependencies import app_settings, require_key
+from yolov9.serve.gateway.dependencies import app_settings
 from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.settings import Settings
 
@@ -26,7 +26,8 @@ async def require_admin(request: Request, settings: Settings = Depends(app_setti
         )
 
 
-router = APIRouter(prefix="/v1/admin", dependencies=[Depends(require_key), Depends(require_admin)])
+# behind the API key (app.ApiKeyMiddleware)
+router = APIRouter(prefix="/v1/admin", dependencies=[Depends(require_admin)])
 _lock = asyncio.Lock()  # one roll-out at a time per worker (serve/deploy.py also locks the repository)
 
 

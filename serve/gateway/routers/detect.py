@@ -11,27 +11,25 @@ from fastapi.responses import JSONResponse, Response
 
 from yolov9.core.image_io import detections_to_json
 from yolov9.serve.gateway import metrics
-from yolov9.serve.gateway.backend import BackendError, TritonPool
+from yolov9.serve.gateway.backend import BackendError
 from yolov9.serve.gateway.dependencies import (
     IMAGE_BODY,
     IMAGES_BODY,
-    app_settings,
-    detect_params,
-    get_pool,
+    DetectContext,
+    detect_context,
     image_hw,
     read_image,
     read_images,
-    require_key,
 )
 from yolov9.serve.gateway.errors import GatewayError
-from yolov9.serve.gateway.schemas import BatchResponse, DetectParams, DetectResponse
-from yolov9.serve.gateway.settings import Settings
+from yolov9.serve.gateway.schemas import BatchResponse, DetectResponse
 
-router = APIRouter(prefix="/v1/detect", dependencies=[Depends(require_key)])
+router = APIRouter(prefix="/v1/detect")  # behind the API key (app.ApiKeyMiddleware)
 
 
-async def detect_one(request: Request, data: bytes, p: DetectParams, pool: TritonPool, settings: Settings) -> dict:
+async def detect_one(request: Request, data: bytes, ctx: DetectContext) -> dict:
     """One image through Triton, as the JSON body of a DetectResponse."""
+    p, pool, settings = ctx.params, ctx.pool, ctx.settings
     h, w = image_hw(data)
     state = request.app.state
     if state.in_flight >= settings.max_in_flight:
@@ -68,14 +66,9 @@ async def detect_one(request: Request, data: bytes, p: DetectParams, pool: Trito
     summary="Detect objects in one image (raw body with an image content type, or multipart 'file')",
     openapi_extra=IMAGE_BODY,
 )
-async def detect(
-    request: Request,
-    params: DetectParams = Depends(detect_params),
-    data: bytes = Depends(read_image),
-    pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(app_settings),
-):
-    return JSONResponse(await detect_one(request, data, params, pool, settings))
+async def detect(request: Request, ctx: DetectContext = Depends(detect_context)):
+    data = await read_image(request, ctx.settings)
+    return JSONResponse(await detect_one(request, data, ctx))
 
 
 @router.post(
@@ -84,15 +77,10 @@ async def detect(
     summary="Detect objects in several images (multipart 'files')",
     openapi_extra=IMAGES_BODY,
 )
-async def detect_batch(
-    request: Request,
-    params: DetectParams = Depends(detect_params),
-    blobs: list[bytes] = Depends(read_images),
-    pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(app_settings),
-):
+async def detect_batch(request: Request, ctx: DetectContext = Depends(detect_context)):
+    blobs = await read_images(request, ctx.settings)
     metrics.BATCH_SIZE.observe(len(blobs))
-    results = await asyncio.gather(*(detect_one(request, b, params, pool, settings) for b in blobs))
+    results = await asyncio.gather(*(detect_one(request, b, ctx) for b in blobs))
     return JSONResponse({"results": list(results)})
 
 
@@ -102,17 +90,12 @@ async def detect_batch(
     summary="The image with detected boxes drawn on it (JPEG)",
     openapi_extra=IMAGE_BODY,
 )
-async def detect_annotated(
-    request: Request,
-    params: DetectParams = Depends(detect_params),
-    data: bytes = Depends(read_image),
-    pool: TritonPool = Depends(get_pool),
-    settings: Settings = Depends(app_settings),
-):
+async def detect_annotated(request: Request, ctx: DetectContext = Depends(detect_context)):
     from PIL import Image
 
     from yolov9.core.draw import draw_detections, encode_jpeg
 
-    res = await detect_one(request, data, params, pool, settings)
+    data = await read_image(request, ctx.settings)
+    res = await detect_one(request, data, ctx)
     out = draw_detections(Image.open(io.BytesIO(data)), res["detections"])
     return Response(encode_jpeg(out), media_type="image/jpeg")
