@@ -190,6 +190,9 @@ def test_timeout_is_504_and_api_key_is_enforced(triton, coco48):
     with GatewayProcess([triton.grpc_url], port=free_port(), timeout_s=0.0005, api_key="s3cret") as gw:
         gw.start()
         assert _post(gw, good).status_code == 401
+        # the key is checked before the parameters: a caller without it learns nothing of the API
+        assert _post(gw, good, params="conf=5").status_code == 401
+        assert _post(gw, good, params="conf=5", headers={"X-API-Key": "s3cret"}).status_code == 422
         r = _post(gw, good, headers={"X-API-Key": "s3cret"})
         assert r.status_code == 504, r.text
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
