@@ -10,7 +10,6 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from yolov9.serve.gateway import errors, metrics
 from yolov9.serve.gateway.backend import TritonPool
@@ -54,9 +53,8 @@ class ApiKeyMiddleware:
         if self.key and scope["type"] == "http" and scope["path"].startswith(self.prefixes):
             given = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
             if not secrets.compare_digest(given, self.key):
-                metrics.ERRORS.labels(kind="unauthorized").inc()
-                body = {"error": "unauthorized", "detail": "missing or wrong X-API-Key header"}
-                return await JSONResponse(body, status_code=401)(scope, receive, send)
+                e = errors.GatewayError(401, "unauthorized", "missing or wrong X-API-Key header")
+                return await errors.error_response(e)(scope, receive, send)
         return await self.app(scope, receive, send)
 
 

@@ -13,7 +13,7 @@ from fastapi import Query, Request, UploadFile
 from yolov9.core.image_io import ImageError, image_size
 from yolov9.serve.gateway.backend import TritonPool
 from yolov9.serve.gateway.errors import GatewayError
-from yolov9.serve.gateway.schemas import DetectParams, DetectQuery
+from yolov9.serve.gateway.schemas import DetectQuery
 from yolov9.serve.gateway.settings import Settings
 
 ACCEPTED_TYPES = {"image/jpeg", "image/png", "image/webp", "image/bmp", "application/octet-stream"}
@@ -32,14 +32,14 @@ async def app_settings(request: Request) -> Settings:
 
 @dataclass
 class DetectContext:
-    params: DetectParams
+    query: DetectQuery
     settings: Settings
     pool: TritonPool
 
 
 async def detect_context(request: Request, query: Annotated[DetectQuery, Query()]) -> DetectContext:
     """What every detect route needs: its parameters, the settings and the pool."""
-    return DetectContext(query.params(), request.app.state.settings, request.app.state.pool)
+    return DetectContext(query, request.app.state.settings, request.app.state.pool)
 
 
 def check_content_type(ctype: str, what: str = "content type") -> None:

@@ -21,10 +21,15 @@ class GatewayError(Exception):
         return cls(BACKEND_STATUS[e.kind], e.kind, str(e), retry_after=2 if e.kind == "unavailable" else None)
 
 
-async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:
+def error_response(e: GatewayError) -> JSONResponse:
+    """The one error body, counted by kind (also answered by the ASGI layers, outside the routes' handlers)."""
     metrics.ERRORS.labels(kind=e.kind).inc()
     headers = {"Retry-After": str(e.retry_after)} if e.retry_after else None
     return JSONResponse({"error": e.kind, "detail": e.detail}, status_code=e.status, headers=headers)
+
+
+async def _gateway_error(request: Request, e: GatewayError) -> JSONResponse:
+    return error_response(e)
 
 
 async def _invalid_parameters(request: Request, e: RequestValidationError) -> JSONResponse:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, Field
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
@@ -34,14 +32,6 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-@dataclass
-class DetectParams:
-    conf: float
-    iou: float
-    max_det: int
-    classes: list[int] | None
-
-
 class DetectQuery(BaseModel):
     """The detect endpoints' query parameters, validated as one model (one pydantic call per request, not one per
     parameter); bad values are answered with 422."""
@@ -51,6 +41,5 @@ class DetectQuery(BaseModel):
     max_det: int = Field(MAX_DET, ge=1, le=1000, description="maximum detections per image")
     classes: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep")
 
-    def params(self) -> DetectParams:
-        classes = [int(c) for c in self.classes.split(",")] if self.classes else None
-        return DetectParams(self.conf, self.iou, self.max_det, classes)
+    def class_ids(self) -> list[int] | None:
+        return [int(c) for c in self.classes.split(",")] if self.classes else None

@@ -29,7 +29,7 @@ router = APIRouter(prefix="/v1/detect")  # behind the API key (app.ApiKeyMiddlew
 
 async def detect_one(request: Request, data: bytes, ctx: DetectContext) -> dict:
     """One image through Triton, as the JSON body of a DetectResponse."""
-    p, pool, settings = ctx.params, ctx.pool, ctx.settings
+    p, pool, settings, classes = ctx.query, ctx.pool, ctx.settings, ctx.query.class_ids()
     h, w = image_hw(data)
     state = request.app.state
     if state.in_flight >= settings.max_in_flight:
@@ -39,10 +39,10 @@ async def detect_one(request: Request, data: bytes, ctx: DetectContext) -> dict:
     t0 = time.perf_counter()
     try:
         names = await pool.class_names()
-        if p.classes and max(p.classes) >= len(names):
-            bad = sorted(c for c in p.classes if c >= len(names))
+        if classes and max(classes) >= len(names):
+            bad = sorted(c for c in classes if c >= len(names))
             raise GatewayError(422, "invalid_parameters", f"classes: {bad} not among the model's {len(names)} classes")
-        det, version = await pool.detect(data, p.conf, p.iou, p.max_det, p.classes)
+        det, version = await pool.detect(data, p.conf, p.iou, p.max_det, classes)
     except BackendError as e:
         raise GatewayError.from_backend(e) from None
     finally:
