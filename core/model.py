@@ -103,6 +103,19 @@ def parse_layers(d: dict, ch: int = 3) -> tuple[nn.Sequential, list[int]]:
     return nn.Sequential(*layers), sorted(save)
 
 
+def run_layers(layers: nn.Sequential, calls, save: list[int], x: torch.Tensor):
+    """The layer graph's forward: each layer of `layers` takes the outputs named by its `f` (-1: the previous
+    layer's), through the callable at its position in `calls` (the layers themselves, or compiled versions of them);
+    outputs that later layers read (`save`) are kept."""
+    y: list = []
+    for m, call in zip(layers, calls):
+        if m.f != -1:
+            x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+        x = call(x)
+        y.append(x if m.i in save else None)
+    return x
+
+
 class DetectionModel(nn.Module):
     """A layer graph in the official layout; `model.{i}` indices match the official checkpoints."""
 
@@ -137,13 +150,7 @@ class DetectionModel(nn.Module):
         return self.head.nc
 
     def forward(self, x: torch.Tensor):
-        y: list = []
-        for m in self.model:
-            if m.f != -1:
-                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
-            x = m(x)
-            y.append(x if m.i in self.save else None)
-        return x
+        return run_layers(self.model, self.model, self.save, x)
 
     def fuse(self) -> DetectionModel:
         """Fold every BatchNorm into its conv and every RepConvN into one 3x3 conv (inference only)."""

@@ -14,7 +14,7 @@ from yolov9.train.config import BenchTrainConfig, Hyp
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
 from yolov9.train.ema import ModelEMA
-from yolov9.train.engine import TrainStep
+from yolov9.train.engine import TrainStep, step_module
 from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.loss import DetectionLoss
 from yolov9.train.step import AMP_DTYPES, StepOptions, build_optimizer, make_scaler
@@ -132,11 +132,9 @@ def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | Non
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     loss_fn = DetectionLoss.for_model(model)
-    net = model
-    if ctx.active:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    opts = StepOptions(dtype, channels_last, ctx.world, 10.0, args.cuda_graph)
+    opts = StepOptions(dtype, channels_last, ctx.world, 10.0, args.cuda_graph, args.compile)
+    net = step_module(model, opts, ctx)
     step = TrainStep(model, net, loss_fn, opt, make_scaler(dev, dtype), ModelEMA(model) if ctx.main else None, opts)
     return model, step
 
@@ -190,6 +188,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "gpus": ctx.world,
         "cuda_graph": train_step.graphs,
         "graph_captures": train_step.captures,
+        "compile": args.compile,
         "images_per_s": round(ips, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,

@@ -150,6 +150,16 @@ class TrainConfig:
         "run the optimizer eagerly (momentum ramps); a short last batch runs eagerly; a multi-GPU run stays eager "
         "(DDP's all-reduce hooks cannot be captured); ignored on the CPU",
     )
+    compile: Literal["off", "layers", "model"] = option(
+        "off",
+        "torch.compile (inductor) the model's forward and backward: 'layers' compiles each layer as its own region "
+        "(layers of one shape compile once, also across models), 'model' the whole model as one graph. It fuses "
+        "BatchNorm, SiLU and the copies around the convolutions and keeps fewer activations (on an H200 at batch "
+        "128: 6-10%% faster, a fifth to two fifths less GPU memory), but compiles for minutes before the first "
+        "step on a machine that has not compiled this model and batch before (cached in ~/.cache/yolov9/inductor: "
+        "seconds after that), so it is off by default and pays in long runs. Compiled for the first batch shape; "
+        "a short last batch runs uncompiled. Combines with --cuda-graph (the compiled kernels are captured)",
+    )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
 
@@ -244,6 +254,7 @@ class BenchTrainConfig:
     cuda_graph: bool = option(
         True, "capture the step as CUDA graphs on one GPU, as `yolov9 train` does by default (--no-cuda-graph: eager)"
     )
+    compile: Literal["off", "layers", "model"] = option("off", "torch.compile mode, as `yolov9 train --compile`")
     peak_tflops: float = option(
         790.0,
         "the GPU's dense fp16/bf16 rate, the denominator of the reported model FLOP utilisation (mfu); the default "

@@ -15,6 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolov9.train import distributed
+from yolov9.train.compiled import compiled
 from yolov9.train.config import Hyp
 from yolov9.train.data.dataset import Batch
 from yolov9.train.distributed import DistContext
@@ -26,8 +27,8 @@ from yolov9.train.step import StepOptions, forward_backward, optimizer_step
 
 class TrainStep:
     """One micro-batch (`micro`) and one optimizer step (`step`), captured or eager: what the trainer, `bench
-    train` and their tests run. `net` is the model or its DDP wrapper; accumulation micro-batches of a DDP run skip
-    the gradient all-reduce (`sync=False`)."""
+    train` and their tests run. `net` is what the forward runs (`step_module`: the model, compiled or not, or its
+    DDP wrapper); accumulation micro-batches of a DDP run skip the gradient all-reduce (`sync=False`)."""
 
     def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
         self.model, self.net, self.loss_fn, self.optimizer = model, net, loss_fn, optimizer
@@ -40,7 +41,7 @@ class TrainStep:
         self.graphed, self.graphed_opt = None, None
         if self.graphs:
             o = self.opts
-            self.graphed = GraphedStep(self.model, self.loss_fn, self.scaler, o)
+            self.graphed = GraphedStep(self.net, self.loss_fn, self.scaler, o)
             self.graphed_opt = GraphedOptimizerStep(self.model, self.optimizer, self.scaler, self.ema, o.clip)
 
     @property
@@ -58,6 +59,15 @@ class TrainStep:
         if self.graphed_opt is not None:
             return self.graphed_opt()
         return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)
+
+
+def step_module(model: nn.Module, opts: StepOptions, ctx: DistContext) -> nn.Module:
+    """What the step's forward runs: the model, compiled when opts.compile says so, DDP-wrapped under torchrun."""
+    net = compiled(model, opts.compile)
+    if ctx.active:
+        dev = ctx.device
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
+    return net
 
 
 def accumulation_target(nbs: int, batch: int, override: int | None = None) -> float:

@@ -77,13 +77,15 @@ def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.Gr
 @dataclass(frozen=True)
 class StepOptions:
     """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
-    undone by scaling the loss), the clip norm, and CUDA graphs (taken where one GPU allows them)."""
+    undone by scaling the loss), the clip norm, CUDA graphs (taken where one GPU allows them) and torch.compile
+    (train/compiled.py: off, layers or model)."""
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = True
     world: int = 1
     clip: float = 10.0
     cuda_graph: bool = True
+    compile: str = "off"
 
 
 def forward_backward(

@@ -28,6 +28,7 @@ from yolov9.train.engine import (
     TrainStep,
     accumulation,
     accumulation_target,
+    step_module,
     train_one_epoch,
     warmup_iterations,
 )
@@ -96,7 +97,6 @@ class Trainer:
             if self.device.type != "cuda":
                 raise BadInput("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        self.net = self.model  # what the step runs: the model, or its DDP wrapper (in _setup)
         if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
@@ -182,9 +182,6 @@ class Trainer:
         """The training state (restored when resuming) and the step that trains it."""
         cfg, hyp = self.cfg, self.cfg.hyp
         batch = self.auto_batch() * self.dist.world if cfg.batch == -1 else cfg.batch  # global
-        if self.dist.active:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.loss_fn = DetectionLoss.for_model(self.model, cfg.loss)
         decay = hyp.weight_decay * batch * accumulation(cfg.nbs, batch, cfg.accumulate) / cfg.nbs
         optimizer = build_optimizer(self.model, cfg.optimizer, hyp.lr0, hyp.momentum, decay)
@@ -208,8 +205,9 @@ class Trainer:
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
-        opts = StepOptions(self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph)
-        self.step = TrainStep(self.model, self.net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
+        opts = StepOptions(self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, cfg.compile)
+        net = step_module(self.model, opts, self.dist)
+        self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
         if cfg.cuda_graph and self.dist.active and self.main:
             print("note: a multi-GPU run trains eagerly (CUDA graphs need one GPU; see --help)")
 
@@ -315,12 +313,13 @@ class Trainer:
         amp = {None: "off (fp32)", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.amp_dtype]
         g = st.optimizer.param_groups[1]  # the weights' group (biases and norms take no decay)
         graphs = "on" if self.step.graphs else "off"
+        compiled = f", compiled ({cfg.compile})" if cfg.compile != "off" else ""
         lines = [
             f"run      {self.dir}",
             f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),
             f"model    {cfg.cfg}, {params / 1e6:.2f}M parameters, {len(self.names)} classes, {source}",
             f"input    {cfg.img} px, batch {st.batch} x {acc} accumulated (nominal {cfg.nbs}), AMP {amp}, "
-            f"CUDA graphs {graphs}",
+            f"CUDA graphs {graphs}{compiled}",
             f"optim    {cfg.optimizer} lr0 {cfg.hyp.lr0:g} lrf {cfg.hyp.lrf:g} momentum {cfg.hyp.momentum:g} "
             f"weight decay {g['weight_decay']:g} (scaled to the batch), {'cosine' if cfg.cos_lr else 'linear'} "
             f"schedule, warm-up {cfg.hyp.warmup_epochs:g} epochs",

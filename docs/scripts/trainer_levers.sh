@@ -10,14 +10,22 @@
 # 3. `yolov9 train` for 3 epochs on coco128 replicated x32 (4,096 images) at batch 128, RAM cache, as a user runs it
 #    (validation on coco128 itself), with its epoch rates.
 # Writes $OUT/trainer_levers.json (every bench row, the train rows). Each step runs under its own timeout, so one
-# that fails or hangs costs its limit and the rest still run. Overrides: MODELS ("cfg:batch ..."), GRAPHS, AMP,
-# STEPS, WARMUP, EPOCHS, REPEAT, DEVICE, IMG (a dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96
-# GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1).
+# that fails or hangs costs its limit and the rest still run. Overrides: MODELS ("cfg:batch ..."), GRAPHS, COMPILE
+# (torch.compile modes, "off layers model"), AMP, STEPS, WARMUP, EPOCHS, REPEAT, DEVICE, IMG, TESTS (pytest's -k
+# expression; "none" skips the tests), TRAIN (0 skips step 3), PROFILE (1: --profile tables beside each bench),
+# LIMIT (seconds per bench; compiling counts in it), TRAIN_ARGS (more `yolov9 train` options). A dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96
+# GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/levers}
 DATA=${DATA:-../shared/datasets}
 MODELS=${MODELS:-yolov9-s:128 gelan-s:128 yolov9-c:128 yolov9-s:16}
 GRAPHS=${GRAPHS:---no-cuda-graph --cuda-graph}
+COMPILE=${COMPILE:-off}
+TESTS=${TESTS:-}
+TRAIN=${TRAIN:-1}
+PROFILE=${PROFILE:-0}
+LIMIT=${LIMIT:-420}
+TRAIN_ARGS=${TRAIN_ARGS:-}
 AMP=${AMP:-fp16,bf16}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-10}
@@ -27,20 +35,27 @@ DEVICE=${DEVICE:-0}
 IMG=${IMG:-640}
 WORKERS=${WORKERS:-14}
 mkdir -p "$OUT"
-if python3 -c "import pytest" 2>/dev/null; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/train/test_step.py >"$OUT/gpu_tests.txt" 2>&1
+if [ "$TESTS" != none ] && python3 -c "import pytest" 2>/dev/null; then
+  timeout 600 python3 -m pytest -q -p no:cacheprovider tests/train/test_step.py ${TESTS:+-k "$TESTS"} \
+    >"$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests: exit $?" | tee -a "$OUT/gpu_tests.txt"
 fi
 for m in $MODELS; do
+  [ "$m" = none ] && continue
   for g in $GRAPHS; do
-    name="${m%%:*}_b${m##*:}_${g#--}"
-    timeout 420 yolov9 bench train --cfg "${m%%:*}" --batch "${m##*:}" --data "$DATA/coco128" --img "$IMG" --amp "$AMP" \
-      --steps "$STEPS" --warmup "$WARMUP" --workers "$WORKERS" --cache ram --device "$DEVICE" $g \
-      --out "$OUT/bench_$name.json" >"$OUT/bench_$name.log" 2>&1
-    echo "bench $name: exit $?"
+    for c in $COMPILE; do
+      name="${m%%:*}_b${m##*:}_${g#--}_compile-$c"
+      prof=()
+      [ "$PROFILE" = 1 ] && prof=(--profile "$OUT/profile_$name.txt")
+      timeout "$LIMIT" yolov9 bench train --cfg "${m%%:*}" --batch "${m##*:}" --data "$DATA/coco128" --img "$IMG" \
+        --amp "$AMP" --steps "$STEPS" --warmup "$WARMUP" --workers "$WORKERS" --cache ram --device "$DEVICE" $g \
+        --compile "$c" "${prof[@]}" --out "$OUT/bench_$name.json" >"$OUT/bench_$name.log" 2>&1
+      echo "bench $name: exit $?"
+    done
   done
 done
 W=/tmp/coco128x$REPEAT
+if [ "$TRAIN" = 1 ]; then
 mkdir -p "$W"
 python3 - "$DATA/coco128" "$W" "$REPEAT" <<'PY'
 import json, sys
@@ -53,8 +68,9 @@ files = sorted(p for p in (src / "images").rglob("*.jpg"))
 (dst / "data.yaml").write_text(f"path: {dst}\ntrain: train.txt\nval: val.txt\nnames: {json.dumps(COCO_NAMES)}\n")
 PY
 timeout 900 yolov9 train --data "$W/data.yaml" --cfg yolov9-s --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
-  --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT --exist-ok >"$OUT/train.log" 2>&1
+  --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT --exist-ok $TRAIN_ARGS >"$OUT/train.log" 2>&1
 echo "train: exit $?"
+fi
 python3 - "$OUT" "/tmp/levers_runs/x$REPEAT/results.jsonl" <<'PY'
 import json, sys
 from pathlib import Path

@@ -1,0 +1,72 @@
+"""torch.compile for training (`--compile`): inductor fuses what the profile shows taking most of a step's GPU time
+(BatchNorm, SiLU, adds, concatenation and layout copies around the convolutions) and keeps fewer activations.
+
+`CompiledForward` is the model's forward with its layers compiled, one region per layer (`layers`: repeated blocks
+of one shape compile once, and a region's compile is cached on its own) or the model as one graph (`model`). It
+compiles for static shapes, for the first input it sees; an input of another shape (an epoch's short last batch)
+runs the uncompiled layers, so a new shape never costs a compile. The wrapped model is left as it is (state-dict
+keys, the EMA's copy and checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second
+run of the same model and shape on a machine starts without compiling again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from yolov9.core.model import DetectionModel, run_layers
+
+COMPILE_MODES = ("off", "layers", "model")
+
+
+def cache_dir() -> Path:
+    """Where inductor keeps its FX-graph, autograd and autotuning caches: $TORCHINDUCTOR_CACHE_DIR when set, else
+    ~/.cache/yolov9/inductor ($XDG_CACHE_HOME honoured) instead of /tmp, which a reboot empties."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "yolov9" / "inductor"
+
+
+def _configure() -> None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())
+    import torch._dynamo.config as dynamo
+
+    # every block class's forward is one code object with one cache entry per instance shape: a model has more
+    # than the default limit of 8 (past it dynamo silently runs the rest eagerly)
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 256)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4096)
+
+
+class CompiledForward(nn.Module):
+    """Call like the model; parameters are the model's. mode: 'layers' or 'model' (see the module's docstring);
+    backend: torch.compile's (the CPU tests trace with 'eager', which compiles nothing)."""
+
+    def __init__(self, model: DetectionModel, mode: str = "layers", backend: str = "inductor"):
+        super().__init__()
+        if mode not in COMPILE_MODES[1:]:
+            raise ValueError(f"compile mode {mode!r}: choose {', '.join(COMPILE_MODES[1:])}")
+        _configure()
+        self.model, self.mode = model, mode
+        # plain attributes, not submodules: the parameters are registered once, through self.model
+        if mode == "layers":
+            self.__dict__["_calls"] = [torch.compile(m, dynamic=False, backend=backend) for m in model.model]
+        else:
+            self.__dict__["_calls"] = torch.compile(model, dynamic=False, backend=backend)
+        self.key: tuple | None = None  # the one input signature that runs compiled
+
+    def forward(self, x: torch.Tensor):
+        key = (tuple(x.shape), x.dtype, self.model.training, torch.is_grad_enabled())
+        if self.key is None:
+            self.key = key
+        if key != self.key:
+            return self.model(x)
+        calls = self.__dict__["_calls"]
+        return run_layers(self.model.model, calls, self.model.save, x) if self.mode == "layers" else calls(x)
+
+
+def compiled(model: DetectionModel, mode: str) -> nn.Module:
+    """The module the training step runs: the model itself (mode 'off') or its `CompiledForward`."""
+    return model if mode == "off" else CompiledForward(model, mode)
