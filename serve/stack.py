@@ -92,6 +92,7 @@ class ServingStack:
                 triton_metrics_urls=metrics,
             )
             self.gateway.start()
+            self.gateway.wait_ready(cfg.timeout)
         except BaseException:
             self.__exit__()
             raise

@@ -139,6 +139,8 @@ class TritonPool:
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(e) for e in self.endpoints))
+        if await self.ready():
+            metrics.WORKER_READY_AT.set(time.time())
 
     async def check(self, e: Endpoint) -> None:
         """Healthy: the server answers and holds a ready version of the model."""

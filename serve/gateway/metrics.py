@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -27,6 +28,12 @@ ENDPOINT_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 RETRIES = Counter("gateway_retries_total", "requests retried on another endpoint after a failure")
+# one sample per live worker (multi-process): /readyz counts the workers whose value is recent
+WORKER_READY_AT = Gauge(
+    "gateway_worker_ready_at_seconds",
+    "when this worker's last health check found a Triton endpoint serving the model (unix time)",
+    multiprocess_mode="liveall",
+)
 BATCH_SIZE = Histogram("gateway_batch_images", "images per /v1/detect/batch request", buckets=(1, 2, 4, 8, 16, 32, 64))
 
 
@@ -38,3 +45,22 @@ def render() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def workers_ready(max_age_s: float) -> int | None:
+    """How many workers found the model served within the last max_age_s (a hung or stopped worker's value goes
+    stale, a dead one's is removed by the supervisor); None in a one-process gateway, which speaks for itself."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    now = time.time()
+    return sum(
+        1
+        for family in registry.collect()
+        if family.name == "gateway_worker_ready_at_seconds"
+        for sample in family.samples
+        if 0 <= now - sample.value <= max_age_s
+    )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class GatewayProcess(ManagedProcess):
         handed to the workers as their YOLOV9_* variables."""
         super().__init__()
         self.host, self.port, self.workers = host, port, workers
-        self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls)}
+        self.env = {**os.environ, "YOLOV9_TRITON_URLS": ",".join(triton_urls), "YOLOV9_WORKERS": str(workers)}
         for key, value in settings.items():
             if value is not None:
                 self.env[f"YOLOV9_{key.upper()}"] = str(value)
@@ -65,3 +66,17 @@ class GatewayProcess(ManagedProcess):
                 time.sleep(0.2)
         self.stop()
         raise Unavailable(f"gateway not answering after {timeout:.0f} s")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until /readyz is 200: every worker reaches a Triton endpoint that serves the model."""
+        deadline, detail = time.time() + timeout, "no answer"
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2):
+                    return
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")
+            except OSError as e:
+                detail = str(e)
+            time.sleep(0.2)
+        raise Unavailable(f"gateway not ready after {timeout:.0f} s: {detail}")

@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     max_batch_images: int = 64
     startup_wait_s: float = 10.0  # a starting worker waits this long for Triton before it accepts connections
     health_interval_s: float = 0.5  # how often each Triton endpoint is checked (and its served version read)
+    workers: int = 1  # the gateway's worker processes: /readyz is 200 only when every one of them reaches Triton
+    # a worker whose last successful check is older than this counts as not ready (hung, stopped); generous, as a
+    # worker saturated by requests checks late
+    ready_max_age_s: float = 5.0
     header_timeout_s: float = 10.0  # a request's headers must arrive within this, else 408 and the connection closes
     body_timeout_s: float = 60.0  # and its body within this after them
     max_connections: int = 1024  # open connections per worker; beyond it new ones get 503 and are closed

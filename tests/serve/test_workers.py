@@ -185,3 +185,29 @@ def test_a_starting_worker_waits_for_triton_before_it_takes_requests():
         stub.stop()
         os.killpg(gw.pid, signal.SIGTERM)
         gw.wait(30)
+
+
+@pytest.mark.skipif(not workers.supported(), reason="one socket per worker (which worker answers) is Linux-only")
+def test_readyz_is_503_while_any_worker_is_stuck(triton):
+    settings = {"ready_max_age_s": 2.0, "health_interval_s": 0.2}
+    with GatewayProcess([triton.grpc_url], port=free_port(), workers=2, **settings) as gw:
+        gw.start()
+        gw.wait_ready(60)
+        assert httpx.get(f"{gw.url}/readyz").json() == {"status": "ready", "workers_ready": 2, "workers": 2}
+        victim = next(iter(_connections_per_worker(gw)))
+        os.kill(victim, signal.SIGSTOP)  # a hung worker: alive, its socket still takes connections
+        try:
+            answer, deadline = None, time.time() + 30
+            while answer is None and time.time() < deadline:
+                try:  # a new connection each time: those the kernel gives the stopped worker time out
+                    r = httpx.get(f"{gw.url}/readyz", timeout=1)
+                except httpx.TimeoutException:
+                    continue
+                if r.status_code == 503:
+                    answer = r
+                time.sleep(0.2)
+            assert answer is not None, "/readyz stayed 200 with a worker stopped"
+            assert answer.json()["detail"] == "1 of 2 gateway workers reach Triton" and answer.headers["retry-after"]
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        gw.wait_ready(30)

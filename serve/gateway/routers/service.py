@@ -51,12 +51,23 @@ async def healthz():
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: at least one Triton endpoint serves the model (as this worker sees it)")
-async def readyz(pool: TritonPool = Depends(get_pool)):
+@router.get(
+    "/readyz",
+    summary="Readiness: every gateway worker reaches a Triton endpoint that serves the model",
+    description="503 while the worker answering cannot reach Triton, or while any other worker has not (starting, "
+    "hung or cut off: no successful health check within ready_max_age_s).",
+)
+async def readyz(pool: TritonPool = Depends(get_pool), settings: Settings = Depends(app_settings)):
     await pool.check_all()  # asked now, not from the last background check
-    if await pool.ready():
-        return {"status": "ready"}
-    raise GatewayError(503, "unavailable", "Triton unreachable or model not ready", retry_after=2)
+    if not await pool.ready():
+        raise GatewayError(503, "unavailable", "Triton unreachable or model not ready", retry_after=2)
+    ready = metrics.workers_ready(settings.ready_max_age_s)
+    if ready is None:  # one process: this worker is the gateway
+        return {"status": "ready", "workers_ready": 1, "workers": 1}
+    if ready < settings.workers:
+        msg = f"{ready} of {settings.workers} gateway workers reach Triton"
+        raise GatewayError(503, "unavailable", msg, retry_after=2)
+    return {"status": "ready", "workers_ready": ready, "workers": settings.workers}
 
 
 @router.get("/metrics", summary="Prometheus metrics")
