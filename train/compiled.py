@@ -4,9 +4,10 @@
 `CompiledForward` is the model's forward with its layers compiled, one region per layer (`layers`: repeated blocks
 of one shape compile once, and a region's compile is cached on its own) or the model as one graph (`model`). It
 compiles for static shapes, for the first input it sees; an input of another shape (an epoch's short last batch)
-runs the uncompiled layers, so a new shape never costs a compile. The wrapped model is left as it is (state-dict
-keys, the EMA's copy and checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second
-run of the same model and shape on a machine starts without compiling again."""
+runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
+trains uncompiled from then on). The wrapped model is left as it is (state-dict keys, the EMA's copy and
+checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
+and shape on a machine starts without compiling again."""
 
 from __future__ import annotations
 
