@@ -55,28 +55,30 @@ class GatewayProcess(ManagedProcess):
             cmd += ["--timeout-graceful-shutdown", "5", "--no-access-log"]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise Unavailable(f"gateway exited with code {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.2)
+        if self._poll("/healthz", timeout, request_timeout=1) is None:
+            return self
         self.stop()
         raise Unavailable(f"gateway not answering after {timeout:.0f} s")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until /readyz is 200: every worker reaches a Triton endpoint that serves the model."""
-        deadline, detail = time.time() + timeout, "no answer"
+        detail = self._poll("/readyz", timeout, request_timeout=2)
+        if detail is not None:
+            raise Unavailable(f"gateway not ready after {timeout:.0f} s: {detail}")
+
+    def _poll(self, path: str, timeout: float, request_timeout: float) -> str | None:
+        """GET path until it answers 200 (None) or timeout passes (the last answer or error); a gateway process
+        that exits meanwhile is an error with its exit code."""
+        deadline, last = time.time() + timeout, "no answer"
         while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise Unavailable(f"gateway exited with code {self.proc.returncode}")
             try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2):
-                    return
+                with urllib.request.urlopen(f"{self.url}{path}", timeout=request_timeout):
+                    return None
             except urllib.error.HTTPError as e:
-                detail = e.read().decode(errors="replace")
+                last = e.read().decode(errors="replace")
             except OSError as e:
-                detail = str(e)
+                last = str(e)
             time.sleep(0.2)
-        raise Unavailable(f"gateway not ready after {timeout:.0f} s: {detail}")
+        return last
