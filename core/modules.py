@@ -92,6 +92,37 @@ class _ShiftAvgPool2x2(torch.autograd.Function):
         return (rows[..., :-1] + rows[..., 1:]).mul_(0.25)
 
 
+def _nearest_by_expand(x: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
+    """Nearest upsampling by integer factors as a broadcast and a reshape, in x's memory format: its backward is
+    a sum over each block."""
+    b, c, h, w = x.shape
+    if x.stride(1) < x.stride(3):  # channels vary fastest: channels-last, or a channel slice of it (CBLinear's)
+        y = x.permute(0, 2, 3, 1)[:, :, None, :, None, :].expand(b, h, sh, w, sw, c)
+        return y.reshape(b, h * sh, w * sw, c).permute(0, 3, 1, 2)
+    return x[:, :, :, None, :, None].expand(b, c, h, sh, w, sw).reshape(b, c, h * sh, w * sw)
+
+
+def upsample_nearest(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Nearest upsampling to size (nn.Upsample's and CBFuse's). Training on a GPU by an integer factor takes the
+    broadcast form: the interpolation's backward (eagerly, and as inductor lowers it, with atomic adds) runs far
+    below the memory bandwidth that a block sum reaches; inference and exports keep the Resize operator."""
+    h, w = x.shape[2:]
+    sh, sw = size[0] // h, size[1] // w
+    if x.is_cuda and x.requires_grad and torch.is_grad_enabled() and (sh * h, sw * w) == tuple(size):
+        return _nearest_by_expand(x, sh, sw)
+    return F.interpolate(x, size=size, mode="nearest")
+
+
+class Upsample(nn.Upsample):
+    """nn.Upsample (the configs' `nn.Upsample`) with nearest integer-factor upsampling through `upsample_nearest`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.scale_factor
+        if self.mode != "nearest" or self.size is not None or s is None or isinstance(s, tuple) or s != int(s):
+            return super().forward(x)
+        return upsample_nearest(x, (x.shape[2] * int(s), x.shape[3] * int(s)))
+
+
 @contextlib.contextmanager
 def raw_outputs(model: nn.Module):
     """Inside: the model's head returns its raw maps in eval mode too (BatchNorm still in eval)."""
@@ -246,7 +277,7 @@ class CBFuse(nn.Module):
         size = xs[-1].shape[2:]
         out = xs[-1]
         for i, x in enumerate(xs[:-1]):
-            out = out + F.interpolate(x[self.idx[i]], size=size, mode="nearest")
+            out = out + upsample_nearest(x[self.idx[i]], size)
         return out
 
 
@@ -350,7 +381,7 @@ MODULES: dict[str, type[nn.Module]] = {
     "Silence": Silence,
     "CBLinear": CBLinear,
     "CBFuse": CBFuse,
-    "nn.Upsample": nn.Upsample,
+    "nn.Upsample": Upsample,
     "Detect": Detect,
     "DDetect": Detect,
     "DualDDetect": Detect,
