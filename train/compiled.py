@@ -5,7 +5,9 @@
 of one shape compile once, and a region's compile is cached on its own) or the model as one graph (`model`). It
 compiles for static shapes, for the first input it sees; an input of another shape (an epoch's short last batch)
 runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
-trains uncompiled from then on). The wrapped model is left as it is (state-dict keys, the EMA's copy and
+trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as one graph for the prediction shapes
+it first sees, with the targets padded to a power-of-two box count (`target_capacity`: a few shapes per run, the
+loss unchanged): eagerly they are thousands of small elementwise kernels per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
 checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
 and shape on a machine starts without compiling again."""
 
@@ -18,6 +20,8 @@ import torch
 from torch import nn
 
 from yolov9.core.model import DetectionModel, run_layers
+from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
+from yolov9.train.loss import DetectionLoss
 
 COMPILE_MODES = ("off", "layers", "model")
 
@@ -68,6 +72,33 @@ class CompiledForward(nn.Module):
         return run_layers(self.model.model, calls, self.model.save, x) if self.mode == "layers" else calls(x)
 
 
+class CompiledLoss:
+    """Call like the `DetectionLoss` it wraps; `DetectionLoss.terms` compiled as one graph (fullgraph: a graph
+    break would mean a host synchronisation, which the captured step cannot take)."""
+
+    def __init__(self, loss: DetectionLoss, backend: str = "inductor"):
+        _configure()
+        self.loss = loss
+        self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
+        self.key: tuple | None = None  # the prediction shapes that run compiled
+
+    def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
+        heads = self.loss.heads(preds)
+        key = tuple((tuple(f.shape), f.dtype) for feats in heads for f in feats)
+        if self.key is None:
+            self.key = key
+        if key != self.key:  # e.g. an epoch's short last batch
+            return self.loss(preds, targets, padded)
+        gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
+        gt = pad_to(gt, target_capacity(gt.shape[1]))
+        return self._terms(heads, gt, *self.loss.constants(heads[0]))
+
+
 def compiled(model: DetectionModel, mode: str) -> nn.Module:
     """The module the training step runs: the model itself (mode 'off') or its `CompiledForward`."""
     return model if mode == "off" else CompiledForward(model, mode)
+
+
+def compiled_loss(loss: DetectionLoss, mode: str, enabled: bool = True) -> DetectionLoss | CompiledLoss:
+    """The loss the training step runs: compiled whenever the forward is (mode not 'off') unless disabled."""
+    return CompiledLoss(loss) if mode != "off" and enabled else loss

@@ -160,6 +160,11 @@ class TrainConfig:
         "seconds after that), so it is off by default and pays in long runs. Compiled for the first batch shape; "
         "a short last batch runs uncompiled. Combines with --cuda-graph (the compiled kernels are captured)",
     )
+    compile_loss: bool = option(
+        True,
+        "with --compile, also compile the loss and its assigner as one graph (eagerly they are thousands of small "
+        "kernels per step); --no-compile-loss compiles the model only",
+    )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
 
@@ -255,6 +260,7 @@ class BenchTrainConfig:
         True, "capture the step as CUDA graphs on one GPU, as `yolov9 train` does by default (--no-cuda-graph: eager)"
     )
     compile: Literal["off", "layers", "model"] = option("off", "torch.compile mode, as `yolov9 train --compile`")
+    compile_loss: bool = option(True, "with --compile, compile the loss too, as `yolov9 train --compile-loss`")
     peak_tflops: float = option(
         790.0,
         "the GPU's dense fp16/bf16 rate, the denominator of the reported model FLOP utilisation (mfu); the default "

@@ -15,7 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolov9.train import distributed
-from yolov9.train.compiled import compiled
+from yolov9.train.compiled import compiled, compiled_loss
 from yolov9.train.config import Hyp
 from yolov9.train.data.dataset import Batch
 from yolov9.train.distributed import DistContext
@@ -28,10 +28,12 @@ from yolov9.train.step import StepOptions, forward_backward, optimizer_step
 class TrainStep:
     """One micro-batch (`micro`) and one optimizer step (`step`), captured or eager: what the trainer, `bench
     train` and their tests run. `net` is what the forward runs (`step_module`: the model, compiled or not, or its
-    DDP wrapper); accumulation micro-batches of a DDP run skip the gradient all-reduce (`sync=False`)."""
+    DDP wrapper); the loss is compiled as opts say. Accumulation micro-batches of a DDP run skip the gradient
+    all-reduce (`sync=False`)."""
 
     def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
-        self.model, self.net, self.loss_fn, self.optimizer = model, net, loss_fn, optimizer
+        self.model, self.net, self.optimizer = model, net, optimizer
+        self.loss_fn = compiled_loss(loss_fn, opts.compile, opts.compile_loss)
         self.scaler, self.ema, self.opts = scaler, ema, opts
         self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
         self.reset()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from yolov9.train.data.targets import target_capacity
 from yolov9.train.ema import ModelEMA
 from yolov9.train.loss import DetectionLoss
 from yolov9.train.step import StepOptions, forward_backward, optimizer_step
@@ -58,7 +59,7 @@ class GraphedStep:
             return self._eager(imgs, targets)  # e.g. an epoch's short last batch
         n = targets.shape[1]
         if self.targets is None or n > self.targets.shape[1]:
-            self._buffers(imgs, max(64, 1 << (n - 1).bit_length()))
+            self._buffers(imgs, target_capacity(n))
         self.imgs.copy_(imgs, non_blocking=True)
         self.targets.zero_()
         self.targets[:, :n].copy_(targets, non_blocking=True)

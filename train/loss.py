@@ -144,15 +144,24 @@ class DetectionLoss:
         weights = (1.0,) if head.groups == 1 else DUAL_HEAD_WEIGHTS
         return cls(head.nc, head.stride, head.reg_max, weights, gains=gains)
 
-    def __call__(self, preds, targets: torch.Tensor, batch_size: int | None = None, padded: bool = False):
+    def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
         """preds: the model's training output (list of level maps, or list of such lists per head).
         targets: rows (image, class, x, y, w, h) normalised, or (b, n, 5) already padded if `padded`."""
-        heads = preds if isinstance(preds[0], (list, tuple)) else [preds]
+        heads = self.heads(preds)
+        gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
+        return self.terms(heads, gt, *self.constants(heads[0]))
+
+    @staticmethod
+    def heads(preds) -> list:
+        """The model's training output as a list of heads, each a list of level maps."""
+        return preds if isinstance(preds[0], (list, tuple)) else [preds]
+
+    def terms(self, heads: list, gt: torch.Tensor, anchors, stride_t, scale, gains):
+        """The loss of padded targets, given `constants`: tensors in, tensors out, no host synchronisation and no
+        Python state touched, so torch.compile can take it as one graph (train/compiled.py)."""
         feats0 = heads[0]
         b = feats0[0].shape[0]
         device = feats0[0].device  # the loss runs in fp32 whatever the autocast dtype
-        anchors, stride_t, scale, gains = self.constants(feats0)
-        gt = targets if padded else pad_targets(targets, b)
         gt = gt.to(device=device, dtype=torch.float32)
         gt_labels, gt_xywh = gt.split((1, 4), 2)
         gt_bboxes = xywh2xyxy(gt_xywh * scale)
@@ -167,11 +176,10 @@ class DetectionLoss:
     def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:
         b = feats[0].shape[0]
         no = self.nc + 4 * self.reg_max
-        pred_dist, pred_scores = torch.cat([f.view(b, no, -1).float() for f in feats], 2).split(
-            (4 * self.reg_max, self.nc), 1
-        )
-        pred_scores = pred_scores.permute(0, 2, 1).contiguous()
-        pred_dist = pred_dist.permute(0, 2, 1).contiguous()
+        # (b, anchors, no): from channels-last maps the permutes are views and the concatenation copies whole rows
+        # (concatenating (b, no, h*w) views of them instead is a strided copy several times slower)
+        pred = torch.cat([f.permute(0, 2, 3, 1).reshape(b, -1, no) for f in feats], 1).float()
+        pred_dist, pred_scores = (t.contiguous() for t in pred.split((4 * self.reg_max, self.nc), -1))
         proj = torch.arange(self.reg_max, device=pred_dist.device, dtype=pred_dist.dtype)
         pa = pred_dist.view(b, -1, 4, self.reg_max).softmax(3).matmul(proj)
         pred_bboxes = dist2bbox(pa, anchors, xywh=False)  # grid units

@@ -78,7 +78,7 @@ def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.Gr
 class StepOptions:
     """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
     undone by scaling the loss), the clip norm, CUDA graphs (taken where one GPU allows them) and torch.compile
-    (train/compiled.py: off, layers or model)."""
+    (train/compiled.py: the forward off, per layer or as one model; with it the loss, unless compile_loss is off)."""
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = True
@@ -86,6 +86,7 @@ class StepOptions:
     clip: float = 10.0
     cuda_graph: bool = True
     compile: str = "off"
+    compile_loss: bool = True
 
 
 def forward_backward(

@@ -205,7 +205,9 @@ class Trainer:
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
-        opts = StepOptions(self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, cfg.compile)
+        opts = StepOptions(
+            self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, cfg.compile, cfg.compile_loss
+        )
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
         if cfg.cuda_graph and self.dist.active and self.main:
@@ -313,7 +315,8 @@ class Trainer:
         amp = {None: "off (fp32)", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.amp_dtype]
         g = st.optimizer.param_groups[1]  # the weights' group (biases and norms take no decay)
         graphs = "on" if self.step.graphs else "off"
-        compiled = f", compiled ({cfg.compile})" if cfg.compile != "off" else ""
+        loss = " and loss" if cfg.compile_loss else ""
+        compiled = f", compiled ({cfg.compile}{loss})" if cfg.compile != "off" else ""
         lines = [
             f"run      {self.dir}",
             f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),

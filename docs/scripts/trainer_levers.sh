@@ -13,8 +13,9 @@
 # that fails or hangs costs its limit and the rest still run. Overrides: MODELS ("cfg:batch ..."), GRAPHS, COMPILE
 # (torch.compile modes, "off layers model"), AMP, STEPS, WARMUP, EPOCHS, REPEAT, DEVICE, IMG, TESTS (pytest's -k
 # expression; "none" skips the tests), TRAIN (0 skips step 3), PROFILE (1: --profile tables beside each bench),
-# LIMIT (seconds per bench; compiling counts in it), TRAIN_ARGS (more `yolov9 train` options). A dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96
-# GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1.
+# LIMIT (seconds per bench; compiling counts in it), TRAIN_ARGS (more `yolov9 train` options), BENCH_ARGS (more
+# `bench train` options), TAG (appended to the result names, so runs with other ARGS sit beside each other).
+# A dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96 GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/levers}
 DATA=${DATA:-../shared/datasets}
@@ -26,6 +27,8 @@ TRAIN=${TRAIN:-1}
 PROFILE=${PROFILE:-0}
 LIMIT=${LIMIT:-420}
 TRAIN_ARGS=${TRAIN_ARGS:-}
+BENCH_ARGS=${BENCH_ARGS:-}
+TAG=${TAG:-}
 AMP=${AMP:-fp16,bf16}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-10}
@@ -44,12 +47,12 @@ for m in $MODELS; do
   [ "$m" = none ] && continue
   for g in $GRAPHS; do
     for c in $COMPILE; do
-      name="${m%%:*}_b${m##*:}_${g#--}_compile-$c"
+      name="${m%%:*}_b${m##*:}_${g#--}_compile-$c$TAG"
       prof=()
       [ "$PROFILE" = 1 ] && prof=(--profile "$OUT/profile_$name.txt")
       timeout "$LIMIT" yolov9 bench train --cfg "${m%%:*}" --batch "${m##*:}" --data "$DATA/coco128" --img "$IMG" \
         --amp "$AMP" --steps "$STEPS" --warmup "$WARMUP" --workers "$WORKERS" --cache ram --device "$DEVICE" $g \
-        --compile "$c" "${prof[@]}" --out "$OUT/bench_$name.json" >"$OUT/bench_$name.log" 2>&1
+        --compile "$c" $BENCH_ARGS "${prof[@]}" --out "$OUT/bench_$name.json" >"$OUT/bench_$name.log" 2>&1
       echo "bench $name: exit $?"
     done
   done
@@ -68,10 +71,10 @@ files = sorted(p for p in (src / "images").rglob("*.jpg"))
 (dst / "data.yaml").write_text(f"path: {dst}\ntrain: train.txt\nval: val.txt\nnames: {json.dumps(COCO_NAMES)}\n")
 PY
 timeout 900 yolov9 train --data "$W/data.yaml" --cfg yolov9-s --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
-  --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT --exist-ok $TRAIN_ARGS >"$OUT/train.log" 2>&1
+  --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT$TAG --exist-ok $TRAIN_ARGS >"$OUT/train.log" 2>&1
 echo "train: exit $?"
 fi
-python3 - "$OUT" "/tmp/levers_runs/x$REPEAT/results.jsonl" <<'PY'
+python3 - "$OUT" "/tmp/levers_runs/x$REPEAT$TAG/results.jsonl" <<'PY'
 import json, sys
 from pathlib import Path
 out, runs = Path(sys.argv[1]), Path(sys.argv[2])

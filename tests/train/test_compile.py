@@ -60,3 +60,34 @@ def test_inductor_cache_lives_in_the_users_cache_folder(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "yolov9" / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "own"))
     assert cache_dir() == tmp_path / "own"
+
+
+@pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])
+def test_compiled_loss_is_one_graph_equal_to_the_loss_and_other_shapes_run_uncompiled(cfg):
+    """fullgraph tracing fails on any graph break (a host synchronisation the captured step could not take); the
+    targets are padded to a power-of-two box count, which leaves the loss as it is."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.compiled import CompiledLoss
+    from yolov9.train.data.targets import pad_targets
+    from yolov9.train.loss import DetectionLoss
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DetectionModel(cfg, nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, backend="eager")
+    preds = model(torch.rand(2, 3, 64, 64))
+    rows = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [0, 2, 0.3, 0.6, 0.2, 0.2], [1, 0, 0.4, 0.4, 0.5, 0.5]])
+    want = loss_fn(preds, rows)
+    for got in (net(preds, rows), net(preds, pad_targets(rows, 2), padded=True)):
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+    assert counters["stats"]["unique_graphs"] == 1  # 2 and 1 boxes per image both pad to 64
+    short = model(torch.rand(1, 3, 64, 64))
+    torch.testing.assert_close(net(short, rows[:2])[0], loss_fn(short, rows[:2])[0])
+    assert counters["stats"]["unique_graphs"] == 1
+    w = next(model.parameters())
+    net(preds, rows)[0].backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()

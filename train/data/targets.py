@@ -19,3 +19,15 @@ def pad_targets(rows: torch.Tensor, batch_size: int) -> torch.Tensor:
     out = rows.new_zeros(batch_size, int(counts.max()), 5)
     out[img_sorted, slot] = rows[order, 1:]
     return out
+
+
+def target_capacity(n: int) -> int:
+    """The padded box count for a batch with at most n boxes per image: a power of two, at least 64, so a captured
+    or compiled step sees few target shapes over a run."""
+    return max(64, 1 << (n - 1).bit_length())
+
+
+def pad_to(padded: torch.Tensor, capacity: int) -> torch.Tensor:
+    """(b, n, 5) padded targets with more all-zero rows, to (b, capacity, 5); the loss is the same."""
+    n = padded.shape[1]
+    return padded if n == capacity else torch.nn.functional.pad(padded, (0, 0, 0, capacity - n))
