@@ -7,9 +7,9 @@ compiles for static shapes, for the first input it sees; an input of another sha
 runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
 trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as one graph for the prediction shapes
 it first sees, with the targets padded to a power-of-two box count (`target_capacity`: a few shapes per run, the
-loss unchanged): eagerly they are thousands of small elementwise kernels per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
-checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
-and shape on a machine starts without compiling again."""
+loss unchanged): eagerly they are thousands of small elementwise kernels per step. The wrapped model is left as
+it is (state-dict keys, the EMA's copy and checkpoints are unchanged). Inductor's caches live in the user's cache
+folder, so a second run of the same model and shape on a machine starts without compiling again."""
 
 from __future__ import annotations
 

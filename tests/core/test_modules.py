@@ -3,8 +3,8 @@ are the operators they replace, forward and backward."""
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
