@@ -31,7 +31,8 @@ class GraphedStep:
     """Call with a pinned uint8 batch (b, 3, h, w) and padded targets (b, n, 5); returns (loss, items) like
     `forward_backward`. The first `warmup` calls of a shape run eagerly on a side stream (cuDNN picks its kernels,
     the loss caches its constants), the next captures and replays; a batch of another shape runs eagerly, and one
-    with more boxes than the captured target buffer holds captures again with room for it."""
+    with more boxes than the captured target buffer holds warms up and captures again with room for it (a
+    compiled loss compiles for the new box count in the warm-up: compiling inside a capture breaks it)."""
 
     def __init__(
         self,
@@ -73,10 +74,10 @@ class GraphedStep:
         return self.out
 
     def _buffers(self, imgs: torch.Tensor, capacity: int) -> None:
-        """(Re)allocate the static inputs; a graph captured on the old ones is dropped."""
+        """(Re)allocate the static inputs; a graph captured on the old ones is dropped and warms up anew."""
         self.imgs = torch.empty(imgs.shape, dtype=imgs.dtype, device=self.device)
         self.targets = torch.zeros(imgs.shape[0], capacity, 5, device=self.device)
-        self.graph, self.out = None, None
+        self.graph, self.out, self.eager_calls = None, None, 0
 
     def _step(self):
         return self._eager(self.imgs, self.targets, autocast_cache=False)
