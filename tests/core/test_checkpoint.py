@@ -115,7 +115,9 @@ def _as_official(model: torch.nn.Module) -> torch.nn.Module:
         sys.modules.setdefault(mod, types.ModuleType(mod))
     for m in model.modules():
         cls = type(m)
-        if cls.__module__.startswith("torch."):
+        if isinstance(m, torch.nn.Upsample):  # ours subclasses it; the official files hold torch's own
+            m.__class__ = torch.nn.Upsample
+        if cls.__module__.startswith("torch.") or isinstance(m, torch.nn.Upsample):
             continue
         path = (
             "models.yolo.DetectionModel"
