@@ -102,13 +102,18 @@ def _nearest_by_expand(x: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
     return x[:, :, :, None, :, None].expand(b, c, h, sh, w, sw).reshape(b, c, h * sh, w * sw)
 
 
+def _gpu_training(x: torch.Tensor) -> bool:
+    """Whether x is a GPU training activation: where the training-only forms of pooling and upsampling apply."""
+    return x.is_cuda and x.requires_grad and torch.is_grad_enabled()
+
+
 def upsample_nearest(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Nearest upsampling to size (nn.Upsample's and CBFuse's). Training on a GPU by an integer factor takes the
     broadcast form: the interpolation's backward (eagerly, and as inductor lowers it, with atomic adds) runs far
     below the memory bandwidth that a block sum reaches; inference and exports keep the Resize operator."""
     h, w = x.shape[2:]
     sh, sw = size[0] // h, size[1] // w
-    if x.is_cuda and x.requires_grad and torch.is_grad_enabled() and (sh * h, sw * w) == tuple(size):
+    if _gpu_training(x) and (sh * h, sw * w) == tuple(size):
         return _nearest_by_expand(x, sh, sw)
     return F.interpolate(x, size=size, mode="nearest")
 
@@ -118,9 +123,9 @@ class Upsample(nn.Upsample):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.scale_factor
-        if self.mode != "nearest" or self.size is not None or s is None or isinstance(s, tuple) or s != int(s):
-            return super().forward(x)
-        return upsample_nearest(x, (x.shape[2] * int(s), x.shape[3] * int(s)))
+        if self.mode == "nearest" and isinstance(s, (int, float)) and s == int(s) and _gpu_training(x):
+            return _nearest_by_expand(x, int(s), int(s))
+        return super().forward(x)  # exports keep the scale-factor Resize
 
 
 @contextlib.contextmanager
@@ -139,7 +144,7 @@ def raw_outputs(model: nn.Module):
 def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
     """The 2x2, stride-1 average pool of AConv and ADown; training on a GPU takes the shifted-sum form, inference
     and the CPU the pooling operator (the same values to rounding; exports keep one AveragePool node)."""
-    if x.is_cuda and torch.is_grad_enabled() and x.requires_grad:
+    if _gpu_training(x):
         return _ShiftAvgPool2x2.apply(x)
     return F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)
 
