@@ -75,6 +75,12 @@ class RepConvN(nn.Module):
         del self.conv1, self.conv2
 
 
+def _shift_avg_pool_2x2(x: torch.Tensor) -> torch.Tensor:
+    """`_ShiftAvgPool2x2`'s forward as differentiable ops, for torch.compile to trace."""
+    rows = x[..., :-1, :] + x[..., 1:, :]
+    return (rows[..., :-1] + rows[..., 1:]) * 0.25
+
+
 class _ShiftAvgPool2x2(torch.autograd.Function):
     """avg_pool2d(x, 2, stride 1) as sums of shifted views, forward and backward: on the GPU in channels-last
     half precision, the pooling kernels read and write at a fraction of the memory bandwidth that these
@@ -145,7 +151,9 @@ def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
     """The 2x2, stride-1 average pool of AConv and ADown; training on a GPU takes the shifted-sum form, inference
     and the CPU the pooling operator (the same values to rounding; exports keep one AveragePool node)."""
     if _gpu_training(x):
-        return _ShiftAvgPool2x2.apply(x)
+        # compiled (torch.compile), the sums go in as plain ops: autograd derives their backward and inductor fuses
+        # it; the custom Function there gave zero gradients upstream on the GPU (docs/benchmarks.md, sixteenth session)
+        return _shift_avg_pool_2x2(x) if torch.compiler.is_compiling() else _ShiftAvgPool2x2.apply(x)
     return F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)
 
 

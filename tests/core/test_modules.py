@@ -8,16 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yolov9.core.modules import Upsample, _nearest_by_expand, _ShiftAvgPool2x2
+from yolov9.core.modules import Upsample, _nearest_by_expand, _shift_avg_pool_2x2, _ShiftAvgPool2x2
 
 
-def test_shifted_sum_pool_is_avg_pool2d_forward_and_backward():
+@pytest.mark.parametrize("pool", [_ShiftAvgPool2x2.apply, _shift_avg_pool_2x2], ids=["eager", "compiled-form"])
+def test_shifted_sum_pool_is_avg_pool2d_forward_and_backward(pool):
+    """Eager training takes the autograd Function (its own backward); torch.compile traces the plain ops."""
     x = torch.randn(2, 6, 9, 11, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_ShiftAvgPool2x2.apply, (x,))
-    torch.testing.assert_close(_ShiftAvgPool2x2.apply(x), F.avg_pool2d(x, 2, 1, 0, False, True))
+    assert torch.autograd.gradcheck(pool, (x,))
+    torch.testing.assert_close(pool(x), F.avg_pool2d(x, 2, 1, 0, False, True))
     cl = x.detach().float().contiguous(memory_format=torch.channels_last).requires_grad_()
     ref = x.detach().float().requires_grad_()
-    out, want = _ShiftAvgPool2x2.apply(cl), F.avg_pool2d(ref, 2, 1, 0, False, True)
+    out, want = pool(cl), F.avg_pool2d(ref, 2, 1, 0, False, True)
     g = torch.randn_like(want)
     out.backward(g)
     want.backward(g)
