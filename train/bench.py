@@ -10,6 +10,7 @@ import torch
 
 from yolov9.core.model import DetectionModel
 from yolov9.train import distributed
+from yolov9.train.compiled import loss_compiled, resolve_mode
 from yolov9.train.config import BenchTrainConfig, Hyp
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
@@ -133,7 +134,8 @@ def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | Non
         torch.cuda.reset_peak_memory_stats(dev)
     loss_fn = DetectionLoss.for_model(model)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    opts = StepOptions(dtype, channels_last, ctx.world, 10.0, args.cuda_graph, args.compile, args.compile_loss)
+    mode = resolve_mode(args.compile, dev, ctx.active)
+    opts = StepOptions(dtype, channels_last, ctx.world, 10.0, args.cuda_graph, mode, args.compile_loss)
     net = step_module(model, opts, ctx)
     step = TrainStep(model, net, loss_fn, opt, make_scaler(dev, dtype), ModelEMA(model) if ctx.main else None, opts)
     return model, step
@@ -188,8 +190,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "gpus": ctx.world,
         "cuda_graph": train_step.graphs,
         "graph_captures": train_step.captures,
-        "compile": args.compile,
-        "compile_loss": args.compile != "off" and args.compile_loss,
+        "compile": train_step.opts.compile,
+        "compile_loss": loss_compiled(train_step.opts.compile, args.compile_loss),
         "images_per_s": round(ips, 1),
         "data_wait_share": round(wait / el, 3),
         "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,

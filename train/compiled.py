@@ -6,10 +6,11 @@ of one shape compile once, and a region's compile is cached on its own) or the m
 compiles for static shapes, for the first input it sees; an input of another shape (an epoch's short last batch)
 runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
 trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as one graph for the prediction shapes
-it first sees, with the targets padded to a power-of-two box count (`target_capacity`: a few shapes per run, the
-loss unchanged): eagerly they are thousands of small elementwise kernels per step. The wrapped model is left as
-it is (state-dict keys, the EMA's copy and checkpoints are unchanged). Inductor's caches live in the user's cache
-folder, so a second run of the same model and shape on a machine starts without compiling again."""
+it first sees (mode `loss` compiles it alone, the forward modes with the forward), with the targets padded to a
+power-of-two box count (`target_capacity`: a few shapes per run, the loss unchanged): eagerly they are thousands
+of small elementwise kernels per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
+checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
+and shape on a machine starts without compiling again."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from yolov9.core.model import DetectionModel, run_layers
 from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
 from yolov9.train.loss import DetectionLoss
 
-COMPILE_MODES = ("off", "layers", "model")
+COMPILE_MODES = ("auto", "off", "loss", "layers", "model")
+FORWARD_MODES = ("layers", "model")  # the modes that compile the model's forward
 
 
 def cache_dir() -> Path:
@@ -51,8 +53,8 @@ class CompiledForward(nn.Module):
 
     def __init__(self, model: DetectionModel, mode: str = "layers", backend: str = "inductor"):
         super().__init__()
-        if mode not in COMPILE_MODES[1:]:
-            raise ValueError(f"compile mode {mode!r}: choose {', '.join(COMPILE_MODES[1:])}")
+        if mode not in FORWARD_MODES:
+            raise ValueError(f"compile mode {mode!r}: choose {', '.join(FORWARD_MODES)}")
         _configure()
         self.model, self.mode = model, mode
         # plain attributes, not submodules: the parameters are registered once, through self.model
@@ -94,11 +96,31 @@ class CompiledLoss:
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
 
 
+AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold compile of the loss (benchmarks.md)
+
+
+def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int | None = None) -> str:
+    """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
+    runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). Each new padded box
+    count compiles once (about a minute the first time on a machine, seconds from the cache), so a short run trains
+    uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not
+    measured there)."""
+    if mode != "auto":
+        return mode
+    long_run = images is None or images >= AUTO_MIN_IMAGES
+    return "loss" if device.type == "cuda" and not distributed and long_run else "off"
+
+
 def compiled(model: DetectionModel, mode: str) -> nn.Module:
-    """The module the training step runs: the model itself (mode 'off') or its `CompiledForward`."""
-    return model if mode == "off" else CompiledForward(model, mode)
+    """The module the training step runs: its `CompiledForward` in the forward modes, else the model itself."""
+    return CompiledForward(model, mode) if mode in FORWARD_MODES else model
+
+
+def loss_compiled(mode: str, enabled: bool = True) -> bool:
+    """Whether mode compiles the loss: 'loss' does, the forward modes do unless disabled (--no-compile-loss)."""
+    return mode == "loss" or (mode in FORWARD_MODES and enabled)
 
 
 def compiled_loss(loss: DetectionLoss, mode: str, enabled: bool = True) -> DetectionLoss | CompiledLoss:
-    """The loss the training step runs: compiled whenever the forward is (mode not 'off') unless disabled."""
-    return CompiledLoss(loss) if mode != "off" and enabled else loss
+    """The loss the training step runs: `CompiledLoss` where `loss_compiled` says so, else the loss itself."""
+    return CompiledLoss(loss) if loss_compiled(mode, enabled) else loss

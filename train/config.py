@@ -150,22 +150,24 @@ class TrainConfig:
         "run the optimizer eagerly (momentum ramps); a short last batch runs eagerly; a multi-GPU run stays eager "
         "(DDP's all-reduce hooks cannot be captured); ignored on the CPU",
     )
-    compile: Literal["off", "layers", "model"] = option(
-        "off",
-        "torch.compile (inductor) the model's forward and backward: 'layers' compiles each layer as its own region "
-        "(layers of one shape compile once, also across models), 'model' the whole model as one graph. It fuses "
-        "BatchNorm, SiLU and the copies around the convolutions and keeps fewer activations (on an H200 at batch "
-        "128: 6-10%% faster, a fifth to two fifths less GPU memory), but compiles for minutes before the first "
-        "step on a machine that has not compiled this model and batch before (cached in ~/.cache/yolov9/inductor: "
-        "seconds after that), so it is off by default and pays in long runs. Compiled for the first batch shape; "
-        "a short last batch runs uncompiled. Combines with --cuda-graph (the compiled kernels are captured). "
-        "Experimental: its GPU test, compiled and captured against eager at the same weights, does not pass yet "
-        "(docs/benchmarks.md, known gaps)",
+    compile: Literal["auto", "off", "loss", "layers", "model"] = option(
+        "auto",
+        "torch.compile (inductor), cached in ~/.cache/yolov9/inductor so that a machine compiles a model, batch "
+        "and padded box count once. 'loss': the loss and its assigner as one graph (eagerly thousands of small "
+        "kernels per step): on an H200 18-29%% more images/s, about a minute of compile per padded box count (a "
+        "power of two; a run meets a few) the first time, seconds from the cache. 'layers' (each layer its own "
+        "region) and 'model' (one graph) compile the forward and backward too, with the loss unless "
+        "--no-compile-loss: BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory, but about 4 "
+        "minutes of compile the first time. 'auto' (default): 'loss' on one GPU for a run of at least 300,000 "
+        "training images (epochs x images; a shorter run does not earn back a cold compile), else 'off', and on "
+        "the CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; "
+        "a short last batch runs uncompiled; the compiled kernels run inside the CUDA graphs. "
+        "Numbers: docs/benchmarks.md",
     )
     compile_loss: bool = option(
         True,
-        "with --compile, also compile the loss and its assigner as one graph (eagerly they are thousands of small "
-        "kernels per step); --no-compile-loss compiles the model only",
+        "with --compile layers or model, also compile the loss and its assigner as one graph; --no-compile-loss "
+        "compiles the model only",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
@@ -261,8 +263,10 @@ class BenchTrainConfig:
     cuda_graph: bool = option(
         True, "capture the step as CUDA graphs on one GPU, as `yolov9 train` does by default (--no-cuda-graph: eager)"
     )
-    compile: Literal["off", "layers", "model"] = option("off", "torch.compile mode, as `yolov9 train --compile`")
-    compile_loss: bool = option(True, "with --compile, compile the loss too, as `yolov9 train --compile-loss`")
+    compile: Literal["auto", "off", "loss", "layers", "model"] = option(
+        "auto", "torch.compile mode, as `yolov9 train --compile`"
+    )
+    compile_loss: bool = option(True, "with --compile layers/model, compile the loss too, as `yolov9 train` does")
     peak_tflops: float = option(
         790.0,
         "the GPU's dense fp16/bf16 rate, the denominator of the reported model FLOP utilisation (mfu); the default "

@@ -78,7 +78,8 @@ def make_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.Gr
 class StepOptions:
     """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
     undone by scaling the loss), the clip norm, CUDA graphs (taken where one GPU allows them) and torch.compile
-    (train/compiled.py: the forward off, per layer or as one model; with it the loss, unless compile_loss is off)."""
+    (train/compiled.py: the loss alone, or the forward per layer or as one model, with the loss unless compile_loss
+    is off)."""
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = True

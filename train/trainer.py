@@ -19,6 +19,7 @@ from yolov9.core.checkpoint import read_checkpoint
 from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
+from yolov9.train.compiled import FORWARD_MODES, loss_compiled, resolve_mode
 from yolov9.train.config import TrainConfig
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
 from yolov9.train.data.formats import load_split, require_boxes, resolve_data
@@ -205,8 +206,9 @@ class Trainer:
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
+        mode = resolve_mode(cfg.compile, self.device, self.dist.active, cfg.epochs * len(self.train_ds))
         opts = StepOptions(
-            self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, cfg.compile, cfg.compile_loss
+            self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss
         )
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
@@ -315,8 +317,12 @@ class Trainer:
         amp = {None: "off (fp32)", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.amp_dtype]
         g = st.optimizer.param_groups[1]  # the weights' group (biases and norms take no decay)
         graphs = "on" if self.step.graphs else "off"
-        loss = " and loss" if cfg.compile_loss else ""
-        compiled = f", compiled ({cfg.compile}{loss})" if cfg.compile != "off" else ""
+        mode = self.step.opts.compile
+        parts = [mode] if mode in FORWARD_MODES else []
+        parts += ["loss"] if loss_compiled(mode, cfg.compile_loss) else []
+        compiled = f", compiled ({' and '.join(parts)})" if parts else ""
+        if cfg.compile == "auto" and not parts and self.step.graphs:
+            compiled = ", not compiled (a short run; --compile loss compiles the loss)"
         lines = [
             f"run      {self.dir}",
             f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),

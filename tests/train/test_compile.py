@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from yolov9.core.model import DetectionModel
-from yolov9.train.compiled import CompiledForward, cache_dir, compiled
+from yolov9.train.compiled import (
+    AUTO_MIN_IMAGES,
+    CompiledForward,
+    CompiledLoss,
+    cache_dir,
+    compiled,
+    compiled_loss,
+    resolve_mode,
+)
 
 
 def _outputs(out) -> list[torch.Tensor]:
@@ -47,11 +55,26 @@ def test_compiled_forward_traces_once_and_runs_other_shapes_uncompiled(cfg, mode
     assert type(plain) is DetectionModel and not hasattr(plain, "_calls")
 
 
-def test_compile_off_is_the_model_itself():
+def test_compile_off_is_the_model_itself_and_loss_compiles_the_loss_alone():
+    from yolov9.train.loss import DetectionLoss
+
     model = DetectionModel("gelan-t", nc=3)
-    assert compiled(model, "off") is model
+    loss = DetectionLoss.for_model(model)
+    assert compiled(model, "off") is model and compiled_loss(loss, "off") is loss
+    assert compiled(model, "loss") is model and isinstance(compiled_loss(loss, "loss"), CompiledLoss)
+    assert isinstance(compiled_loss(loss, "layers"), CompiledLoss) and compiled_loss(loss, "layers", False) is loss
     with pytest.raises(ValueError, match="choose layers, model"):
         CompiledForward(model, "everything")
+
+
+def test_auto_compiles_the_loss_for_long_single_gpu_runs_only():
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # devices as values: no GPU needed
+    assert resolve_mode("auto", gpu, False) == "loss"  # a benchmark: steady state
+    assert resolve_mode("auto", gpu, False, AUTO_MIN_IMAGES) == "loss"
+    assert resolve_mode("auto", gpu, False, AUTO_MIN_IMAGES - 1) == "off"  # the first compile would not pay
+    assert resolve_mode("auto", gpu, True) == "off"  # under torchrun
+    assert resolve_mode("auto", cpu, False) == "off"
+    assert resolve_mode("layers", cpu, False, 10) == "layers"  # asked for: as asked
 
 
 def test_inductor_cache_lives_in_the_users_cache_folder(monkeypatch, tmp_path):
