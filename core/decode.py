@@ -100,8 +100,12 @@ class NvImageCodecDecoder(CpuDecoder):
     def __init__(self, device: torch.device, chunk: int = 8):
         try:
             from nvidia import nvimgcodec
-        except ImportError:
+        except ModuleNotFoundError as e:
+            if e.name not in ("nvidia", "nvidia.nvimgcodec"):
+                raise Unavailable(f"its import failed: {e}") from None
             raise Unavailable(f"not installed (pip install {NVIMGCODEC_PACKAGES})") from None
+        except ImportError as e:  # installed, but its library did not load
+            raise Unavailable(f"its import failed: {str(e).splitlines()[0]}") from None
         if device.type != "cuda":
             raise Unavailable(f"decodes on a CUDA device, not {device}")
         super().__init__(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from yolov9.serve.triton_server import TritonServer
 
 IMG = 320
 CONF = 1e-5  # a seeded random model scores about 1e-5: low thresholds give real, comparable detections
+STAND_IN = "a stand-in nvImageCodec on PYTHONPATH"  # what its import raises
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +33,18 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def triton(checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
-    build_repo(checkpoint, repo, RepoConfig(max_batch=16, queue_delay_us=1000, kind="cpu", img=IMG))
+    config = RepoConfig(max_batch=16, queue_delay_us=1000, kind="cpu", img=IMG, decoder="nvimgcodec")
+    build_repo(checkpoint, repo, config)
+    # nvImageCodec asked for, and a stand-in for it reachable only through the caller's PYTHONPATH: the instances
+    # must see that path (Triton's stub ignores it on its own) and fall back to the CPU decoder with its reason
+    standin = tmp_path_factory.mktemp("pythonpath") / "nvidia" / "nvimgcodec"
+    standin.mkdir(parents=True)
+    (standin / "__init__.py").write_text(f"raise ImportError({STAND_IN!r})\n")
     logs = tmp_path_factory.mktemp("logs")
     srv = TritonServer(repo, (free_port(), free_port(), free_port()), log_file=logs / "triton.log")
-    srv.start(timeout=180, model="yolov9")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(standin.parents[1]), os.environ.get("PYTHONPATH")])))
+        srv.start(timeout=180, model="yolov9")
     yield srv
     srv.stop()
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import struct
 import subprocess
 import sys
 import time
 import zlib
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.serve.conftest import CONF, IMG, free_port
+from tests.serve.conftest import CONF, IMG, STAND_IN, free_port
 from yolov9.core.coco_names import COCO_NAMES
 from yolov9.serve.detector import Detector, Request
 from yolov9.serve.gateway.process import GatewayProcess
@@ -109,6 +111,14 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
     only = _post(gateway, imgs[0], params=f"conf={CONF}&classes={','.join(map(str, keep))}").json()["detections"]
     assert only and {d["class_id"] for d in only} <= set(keep)
     assert len(only) == sum(d["class_id"] in keep for d in every)
+
+
+def test_triton_instances_see_the_callers_pythonpath(triton):
+    # conftest asks for nvImageCodec and puts a stand-in for it, whose import fails, on PYTHONPATH alone; a real
+    # nvImageCodec installed in site-packages is found first and says why it cannot decode on the CPU instead
+    log = Path(triton.log_file).read_text()
+    reasons = re.findall(r"decoder nvimgcodec unavailable on cpu: (.*); trying nvjpeg", log)
+    assert reasons and set(reasons) <= {f"its import failed: {STAND_IN}", "decodes on a CUDA device, not cpu"}
 
 
 def _png_header(width: int, height: int) -> bytes:
