@@ -4,15 +4,25 @@
 # (each within the machine's idle release):
 #   source .gpu/bootstrap.sh && R=/tmp/s27 setsid nohup bash docs/scripts/serving_gpu.sh >/tmp/s27.log 2>&1 &
 #   sleep 500; tar -C /tmp -czf $OUT/s27.tgz s27 s27.log          (repeat until /tmp/s27/done exists)
-# Needs the wheelhouse with nvImageCodec: ../shared/gpu/make-wheelhouse.sh nvidia-nvimgcodec-cu13==0.9.0.20
-# (libnvjpeg comes from nvidia-nvjpeg; where it is not carried, NVJPEG_LIB points at another copy, e.g. torchvision's).
-# BEFORE: a checkout of the code before the gateway fix (git archive a072e25 | tar -x -C .gpu/before), its gateway
-# measured against the same Triton. Each step runs under its own timeout, so one that fails costs its limit only.
+# Needs nvImageCodec on the box: the wheelhouse (../shared/gpu/make-wheelhouse.sh nvidia-nvimgcodec-cu13==0.9.0.20),
+# or its wheel unpacked into /tmp/site (.gpu/start17.sh: only the cp312 module and the JPEG extensions, 5 MB zipped,
+# to keep the carry under 64 MiB). libnvjpeg: NVJPEG_LIB points at a copy (CUDA 13's, or torchvision's).
+# Steps: the decode and detector GPU tests; a yolov9-s trained and exported; `bench detector` per decoder in one
+# process and in six under MPS; then the README's recipe once per decoder inside Triton (DECODERS: auto, which picks
+# nvJPEG on a GPU, then nvImageCodec), each time the gateway and Triton direct at the same loads and `val --url`;
+# once the gateway with GW_ALT workers instead of 12; last, Triton direct with each of QDELAYS (us) as the
+# batcher's queue delay. BEFORE (optional): a checkout of older code (git archive a072e25 | tar -x -C .gpu/before),
+# its gateway measured against the first Triton. Each step runs under its own timeout, so one that fails costs its
+# limit only.
 set -uo pipefail
 R=${R:-/tmp/s27}
 DATA=${DATA:-../shared/datasets}
 BEFORE=${BEFORE:-.gpu/before}
 EPOCHS=${EPOCHS:-80}
+DECODERS=${DECODERS:-auto nvimgcodec}
+GW_ALT=${GW_ALT:-6}
+CONC=${CONC:-1,8,64,128,160,256}
+QDELAYS=${QDELAYS:-0 200}
 DUR=${DUR:-10}
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
@@ -36,36 +46,52 @@ for d in nvimgcodec nvjpeg cpu; do
   step 120 "bench_detector_$d" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 1,8,32,64 --iters 20 \
     --decoder "$d" --out "$R/bench_detector_$d.json"
 done
-
-# the recipe: 6 instances under MPS, 12 gateway workers; the decoder as auto picks it
-yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo" --kind gpu --instances 6 --max-batch 64 --queue-delay-us 1000 > "$R/build.log" 2>&1
-(yolov9 serve triton --repo "$R/repo" --mps --log "$R/triton.log" > "$R/triton_cmd.log" 2>&1 &)
-wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ready: $? after ${SECONDS}s" >> "$R/steps.txt"
-(yolov9 serve gateway --workers 12 > "$R/gateway.log" 2>&1 &)
-wait_url http://127.0.0.1:8080/readyz 60
-if [ -d "$BEFORE" ]; then
-  (cd "$BEFORE" && PYTHONPATH=$PWD:/tmp/site YOLOV9_TRITON_URLS=127.0.0.1:8001 python3 -m yolov9.serve.gateway.workers \
-     --workers 12 --port 8090 > "$R/gateway_before.log" 2>&1 &)
-  wait_url http://127.0.0.1:8090/readyz 60
-fi
-curl -s http://127.0.0.1:8080/v1/models > "$R/models.json"
-LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs 4 --triton-metrics http://127.0.0.1:8002/metrics"
-step 200 lt_gateway $LT --target gateway --concurrency 1,8,64,128,160,256 --out "$R/lt_gateway.json"
-step 200 lt_triton $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64,128,160,256 --out "$R/lt_triton.json"
-[ -d "$BEFORE" ] && step 120 lt_gateway_before $LT --target gateway --url http://127.0.0.1:8090 --concurrency 8,64,160 --out "$R/lt_gateway_before.json"
-step 120 val_url yolov9 val --url http://127.0.0.1:8080 --data "$DATA/coco128" --out "$R/val_url.json"
+for d in nvimgcodec nvjpeg; do  # six processes under MPS, as six Triton instances run: do the JPEG engines pay there?
+  step 150 "bench_detector_${d}_6procs" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 8,32,64 --iters 20 \
+    --decoder "$d" --procs 6 --mps --out "$R/bench_detector_${d}_6procs.json"
+done
 step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
-curl -s http://127.0.0.1:8002/metrics | grep -E "^yolov9_|^nv_inference_(count|exec_count|queue|compute_infer)" > "$R/triton_metrics.txt"
-stop_stack
 
-# the same recipe with nvImageCodec's hardware decoder in the six instances (auto picks nvJPEG)
-yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_nvimgcodec" --kind gpu --instances 6 --max-batch 64 --queue-delay-us 1000 --decoder nvimgcodec > "$R/build2.log" 2>&1
-(yolov9 serve triton --repo "$R/repo_nvimgcodec" --mps --log "$R/triton2.log" > "$R/triton2_cmd.log" 2>&1 &)
-wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240
-(yolov9 serve gateway --workers 12 > "$R/gateway2.log" 2>&1 &)
-wait_url http://127.0.0.1:8080/readyz 60
-curl -s http://127.0.0.1:8080/v1/models > "$R/models_nvimgcodec.json"
-step 150 lt_triton_nvimgcodec $LT --target triton --url 127.0.0.1:8001 --concurrency 8,64,160,256 --out "$R/lt_triton_nvimgcodec.json"
-step 150 lt_gateway_nvimgcodec $LT --target gateway --concurrency 8,64,160,256 --out "$R/lt_gateway_nvimgcodec.json"
-stop_stack
+LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs 4 --triton-metrics http://127.0.0.1:8002/metrics"
+start_gateway() {  # workers, log
+  (yolov9 serve gateway --workers "$1" > "$2" 2>&1 &)
+  wait_url http://127.0.0.1:8080/readyz 60; echo "gateway ($1 workers) ready: $?" >> "$R/steps.txt"
+}
+# the recipe: 6 instances under MPS, 12 gateway workers
+for dec in $DECODERS; do
+  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_$dec" --kind gpu --instances 6 --max-batch 64 \
+    --queue-delay-us 1000 --decoder "$dec" > "$R/build_$dec.log" 2>&1
+  SECONDS=0
+  (yolov9 serve triton --repo "$R/repo_$dec" --mps --log "$R/triton_$dec.log" > "$R/triton_cmd_$dec.log" 2>&1 &)
+  wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($dec) ready: $? after ${SECONDS}s" >> "$R/steps.txt"
+  start_gateway 12 "$R/gateway_$dec.log"
+  curl -s http://127.0.0.1:8080/v1/models > "$R/models_$dec.json"
+  step 200 "lt_gateway_$dec" $LT --target gateway --concurrency "$CONC" --out "$R/lt_gateway_$dec.json"
+  step 200 "lt_triton_$dec" $LT --target triton --url 127.0.0.1:8001 --concurrency "$CONC" --out "$R/lt_triton_$dec.json"
+  step 120 "val_url_$dec" yolov9 val --url http://127.0.0.1:8080 --data "$DATA/coco128" --out "$R/val_url_$dec.json"
+  curl -s http://127.0.0.1:8002/metrics | grep -E "^yolov9_|^nv_inference_(count|exec_count|queue|compute_infer)" > "$R/triton_metrics_$dec.txt"
+  if [ "$dec" = "${DECODERS%% *}" ]; then
+    if [ -n "$GW_ALT" ]; then
+      pkill -f "serve.gateway.workers"; sleep 3
+      start_gateway "$GW_ALT" "$R/gateway_w$GW_ALT.log"
+      step 120 "lt_gateway_w$GW_ALT" $LT --target gateway --concurrency 64,160,256 --out "$R/lt_gateway_w$GW_ALT.json"
+    fi
+    if [ -d "$BEFORE" ]; then
+      (cd "$BEFORE" && PYTHONPATH=$PWD:/tmp/site YOLOV9_TRITON_URLS=127.0.0.1:8001 python3 -m yolov9.serve.gateway.workers \
+         --workers 12 --port 8090 > "$R/gateway_before.log" 2>&1 &)
+      wait_url http://127.0.0.1:8090/readyz 60
+      step 120 lt_gateway_before $LT --target gateway --url http://127.0.0.1:8090 --concurrency 8,64,160 --out "$R/lt_gateway_before.json"
+    fi
+  fi
+  stop_stack
+done
+# the batcher's queue delay at light load and at the knee (Triton direct: the gateway adds the same to each)
+for q in $QDELAYS; do
+  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_q$q" --kind gpu --instances 6 --max-batch 64 \
+    --queue-delay-us "$q" > "$R/build_q$q.log" 2>&1
+  (yolov9 serve triton --repo "$R/repo_q$q" --mps --log "$R/triton_q$q.log" > "$R/triton_cmd_q$q.log" 2>&1 &)
+  wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton (queue delay $q us) ready: $?" >> "$R/steps.txt"
+  step 120 "lt_triton_q$q" $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64,160 --out "$R/lt_triton_q$q.json"
+  stop_stack
+done
 touch "$R/done"
