@@ -99,7 +99,7 @@ class NvImageCodecDecoder(CpuDecoder):
 
     def __init__(self, device: torch.device, chunk: int = 8):
         try:
-            from nvidia import nvimgcodec
+            import nvidia.nvimgcodec as nvimgcodec
         except ModuleNotFoundError as e:
             if e.name not in ("nvidia", "nvidia.nvimgcodec"):
                 raise Unavailable(f"its import failed: {e}") from None
