@@ -8,7 +8,7 @@
 # or its wheel unpacked into /tmp/site (.gpu/start17.sh: only the cp312 module and the JPEG extensions, 5 MB zipped,
 # to keep the carry under 64 MiB). libnvjpeg: NVJPEG_LIB points at a copy (CUDA 13's, or torchvision's).
 # Steps: the decode and detector GPU tests; a yolov9-s trained and exported; `bench detector` per decoder in one
-# process and in six under MPS; then the README's recipe once per decoder inside Triton (DECODERS: auto, which picks
+# process and in six under MPS, a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once per decoder inside Triton (DECODERS: auto, which picks
 # nvJPEG on a GPU, then nvImageCodec), each time the gateway and Triton direct at the same loads and `val --url`;
 # once the gateway with GW_ALT workers instead of 12; last, Triton direct with each of QDELAYS (us) as the
 # batcher's queue delay. BEFORE (optional): a checkout of older code (git archive a072e25 | tar -x -C .gpu/before),
@@ -46,6 +46,7 @@ for d in nvimgcodec nvjpeg cpu; do
   step 120 "bench_detector_$d" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 1,8,32,64 --iters 20 \
     --decoder "$d" --out "$R/bench_detector_$d.json"
 done
+step 120 detector_profile python3 docs/scripts/detector_profile.py "$R/fl.pt2" "$R/imgs" "$R/detector_profile.txt" 1,8
 for d in nvimgcodec nvjpeg; do  # six processes under MPS, as six Triton instances run: do the JPEG engines pay there?
   step 150 "bench_detector_${d}_6procs" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 8,32,64 --iters 20 \
     --decoder "$d" --procs 6 --mps --out "$R/bench_detector_${d}_6procs.json"
