@@ -8,12 +8,12 @@
 # or its wheel unpacked into /tmp/site (.gpu/start17.sh: only the cp312 module and the JPEG extensions, 5 MB zipped,
 # to keep the carry under 64 MiB). libnvjpeg: NVJPEG_LIB points at a copy (CUDA 13's, or torchvision's).
 # Steps: the decode and detector GPU tests; a yolov9-s trained and exported; `bench detector` per decoder in one
-# process and in six under MPS, a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once per decoder inside Triton (DECODERS: auto, which picks
-# nvJPEG on a GPU, then nvImageCodec), each time the gateway and Triton direct at the same loads and `val --url`;
-# once the gateway with GW_ALT workers instead of 12; last, Triton direct with each of QDELAYS (us) as the
-# batcher's queue delay. BEFORE (optional): a checkout of older code (git archive a072e25 | tar -x -C .gpu/before),
-# its gateway measured against the first Triton. Each step runs under its own timeout, so one that fails costs its
-# limit only.
+# process and in six under MPS; a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once
+# per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
+# and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12; last,
+# Triton direct with each of QDELAYS (us) as the batcher's queue delay. BEFORE (optional): a checkout of older code
+# (git archive a072e25 | tar -x -C .gpu/before), its gateway measured against the first Triton. Each step runs under
+# its own timeout, so one that fails costs its limit only.
 set -uo pipefail
 R=${R:-/tmp/s27}
 DATA=${DATA:-../shared/datasets}
