@@ -81,7 +81,7 @@ def check_fits(engine: str | Path, cfg) -> None:
 def add_version(engine: str | Path, repo: str | Path, name: str) -> int:
     """Write the next version's model folder beside the served one (its configuration, a copy of the engine)."""
     from yolov9.export.metadata import EngineMeta
-    from yolov9.serve.repository import TEMPLATE_DIR, write_config
+    from yolov9.serve.repository import install_model, write_config
 
     repo, engine = Path(repo), Path(engine)
     if not engine.is_file():
@@ -91,7 +91,7 @@ def add_version(engine: str | Path, repo: str | Path, name: str) -> int:
     k = max(versions_in(repo, name)) + 1
     folder = repo / model_name(name, k)
     (folder / "1").mkdir(parents=True)
-    shutil.copy(TEMPLATE_DIR / "model.py", folder / "1" / "model.py")
+    install_model("model.py", folder / "1")
     shutil.copy(engine, folder / "1" / engine.name)
     if EngineMeta.path_for(engine).exists():
         shutil.copy(EngineMeta.path_for(engine), folder / "1" / EngineMeta.path_for(engine).name)

@@ -27,6 +27,12 @@ from yolov9.serve.config import RepoConfig
 TEMPLATE_DIR = Path(__file__).parent / "triton"
 
 
+def install_model(template: str, version: Path) -> None:
+    """A python-backend model file into a model version folder, with the module it imports first (caller_path)."""
+    shutil.copy(TEMPLATE_DIR / template, version / "model.py")
+    shutil.copy(TEMPLATE_DIR / "caller_path.py", version / "caller_path.py")
+
+
 def _tensor(name: str, dtype: int, dims: list[int], **kw) -> dict:
     return {"name": name, "data_type": dtype, "dims": dims, **kw}
 
@@ -110,7 +116,7 @@ def build_repo(engine: str | Path, repo: str | Path = "model_repository", cfg: R
         print(f"note: {engine} is a model config: the repository serves an untrained model with random weights")
     version = model_dir / "1"
     version.mkdir(parents=True)
-    shutil.copy(TEMPLATE_DIR / "model.py", version / "model.py")
+    install_model("model.py", version)
     if engine.exists() and cfg.copy_engine:
         shutil.copy(engine, version / engine.name)
         if EngineMeta.path_for(engine).exists():
@@ -175,7 +181,7 @@ def _write_trt_variant(repo: Path, engine: Path, cfg: RepoConfig) -> None:
     for stage, config in (("pre", pre), ("post", post)):
         d = repo / f"{name}_{stage}" / "1"
         d.mkdir(parents=True, exist_ok=True)
-        shutil.copy(TEMPLATE_DIR / f"{stage}.py", d / "model.py")
+        install_model(f"{stage}.py", d)
         write_config(d.parent, config)
 
     ens = mc.ModelConfig(name=f"{name}_trt", platform="ensemble", max_batch_size=max_batch)

@@ -87,7 +87,7 @@ def interpreter_env() -> dict[str, str]:
     """What the python-backend stub needs to import this project with the packages of the interpreter running it,
     however that was started (an activated venv, or its bin/yolov9 by path): the stub embeds an isolated Python that
     finds its site-packages the way `python3` on PATH would and ignores PYTHONPATH, which the model files
-    (serve/triton/*.py) put on sys.path themselves."""
+    put on sys.path themselves (serve/triton/caller_path.py)."""
     # in the order this interpreter searches them: PYTHONPATH before site-packages (a package in both, such as the
     # `nvidia` namespace of CUDA wheels, must resolve as it does here)
     paths = [str(PACKAGE_ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages()]

@@ -3,15 +3,10 @@
 Tensors cross the stub through DLPack only: the stub of the nvidia-pytriton server was built against numpy 1.x and
 mis-shapes `pb_utils.Tensor(name, ndarray)` outputs under numpy 2."""
 
-# ruff: noqa: E402
 import json
 import os
-import sys
 
-# Triton's python-backend stub runs an isolated interpreter, which ignores PYTHONPATH: the entries the server was
-# started with (serve/triton_server.py interpreter_env: the caller's own) go ahead of site-packages here
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-
+import caller_path  # noqa: F401 (first: the caller's PYTHONPATH on sys.path)
 import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack

@@ -1,15 +1,9 @@
 """Triton python model before a tensorrt_plan engine: encoded bytes -> letterboxed fp16 images + META
 (orig h, orig w, ratio, pad left, pad top). Same preprocessing as everywhere else (core/preprocess.py)."""
 
-# ruff: noqa: E402
 import json
-import os
-import sys
 
-# Triton's python-backend stub runs an isolated interpreter, which ignores PYTHONPATH: the entries the server was
-# started with (serve/triton_server.py interpreter_env: the caller's own) go ahead of site-packages here
-sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-
+import caller_path  # noqa: F401 (first: the caller's PYTHONPATH on sys.path)
 import torch
 import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
