@@ -321,7 +321,7 @@ class Trainer:
         parts = [mode] if mode in FORWARD_MODES else []
         parts += ["loss"] if loss_compiled(mode, cfg.compile_loss) else []
         compiled = f", compiled ({' and '.join(parts)})" if parts else ""
-        if cfg.compile == "auto" and not parts and self.step.graphs:
+        if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) == "loss":
             compiled = ", not compiled (a short run; --compile loss compiles the loss)"
         lines = [
             f"run      {self.dir}",
