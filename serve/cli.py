@@ -147,7 +147,7 @@ def _cmd_deploy(args: argparse.Namespace) -> None:
 
     urls = args.triton.split(",")
     out = rollback(args.repo, args.name, urls) if args.rollback else deploy(args.engine, args.repo, args.name, urls)
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)  # the result is out before the interpreter's exit, whatever happens there
 
 
 def _loadtest(args: argparse.Namespace) -> None:

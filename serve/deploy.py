@@ -104,10 +104,18 @@ def add_version(engine: str | Path, repo: str | Path, name: str) -> int:
     return k
 
 
+@contextlib.contextmanager
 def _clients(urls: list[str]):
+    """One gRPC client per server, closed before returning: left to interpreter exit, a channel's teardown can race
+    gRPC's native threads."""
     import tritonclient.grpc as grpcclient
 
-    return [grpcclient.InferenceServerClient(u) for u in urls]
+    clients = [grpcclient.InferenceServerClient(u) for u in urls]
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            c.close()
 
 
 def _load_everywhere(urls: list[str], clients, model: str) -> None:
@@ -127,6 +135,8 @@ def _load_everywhere(urls: list[str], clients, model: str) -> None:
 @contextlib.contextmanager
 def _locked(repo: Path, name: str):
     """One roll-out at a time on a repository, whoever starts it (CLI, any gateway worker)."""
+    if not repo.is_dir():
+        raise BadInput(f"{repo}: no such model repository")
     with open(repo / f".{name}.deploy.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
@@ -142,16 +152,16 @@ def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s:
     state = read_state(repo, name)
     old = state["serving"]
     k = add_version(engine, repo, name)
-    clients = _clients(urls)
-    try:
-        _load_everywhere(urls, clients, model_name(name, k))
-    except Unavailable:
-        shutil.rmtree(repo / model_name(name, k))
-        raise
-    _write_state(repo, name, {"serving": k, "history": [*state["history"], k]})
-    time.sleep(drain_s)  # every gateway worker's health check now sees version k ready, and sends there
-    for c in clients:
-        c.unload_model(model_name(name, old))  # Triton answers the requests it holds before it unloads
+    with _clients(urls) as clients:
+        try:
+            _load_everywhere(urls, clients, model_name(name, k))
+        except Unavailable:
+            shutil.rmtree(repo / model_name(name, k))
+            raise
+        _write_state(repo, name, {"serving": k, "history": [*state["history"], k]})
+        time.sleep(drain_s)  # every gateway worker's health check now sees version k ready, and sends there
+        for c in clients:
+            c.unload_model(model_name(name, old))  # Triton answers the requests it holds before it unloads
     return {"model": name, "version": k, "previous": old}
 
 
@@ -166,9 +176,9 @@ def _rollback(repo: Path, name: str, urls: list[str]) -> dict:
     if len(state["history"]) < 2:
         raise BadInput(f"{name}: no earlier version to roll back to (history: {state['history']})")
     cur, prev = state["history"][-1], state["history"][-2]
-    clients = _clients(urls)
-    _load_everywhere(urls, clients, model_name(name, prev))
-    _write_state(repo, name, {"serving": prev, "history": state["history"][:-1]})
-    for c in clients:  # as it unloads the gateway falls back to prev, the highest version left ready
-        c.unload_model(model_name(name, cur))
+    with _clients(urls) as clients:
+        _load_everywhere(urls, clients, model_name(name, prev))
+        _write_state(repo, name, {"serving": prev, "history": state["history"][:-1]})
+        for c in clients:  # as it unloads the gateway falls back to prev, the highest version left ready
+            c.unload_model(model_name(name, cur))
     return {"model": name, "version": prev, "previous": cur}

@@ -89,8 +89,10 @@ def test_two_servers_fail_over_without_failed_requests_and_recover(checkpoint, t
         timeline = step["timeline"]
         before = sorted(x["p99_ms"] for x in timeline[:4] if x["p99_ms"])
         normal = before[len(before) // 2]
-        after = [x["p99_ms"] for x in timeline[9:13] if x["p99_ms"]]  # 5 s and more after the kill
-        assert after and max(after) <= 3 * normal + 100, (normal, timeline)
+        after = sorted(x["p99_ms"] for x in timeline[9:13] if x["p99_ms"])  # 5 s and more after the kill
+        # back to normal in at least three of those four seconds: a gateway still trying the dead server would
+        # be slow in every one (a single half-second pause within one of them was seen once on a 2-core machine)
+        assert len(after) >= 3 and after[-2] <= 3 * normal + 100, (normal, timeline)
         assert (tmp_path / "failover_timeline.png").exists()
         # b restarted: it takes traffic again within 10 s of answering
         b.start(180, model="yolov9")
@@ -236,22 +238,24 @@ def test_deploy_and_rollback_under_load_fail_no_request(deployed, trained_tiny, 
     threads = [threading.Thread(target=load) for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(2)
-    r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url)
-    assert r.returncode == 0, r.stderr
-    deployed_at = time.monotonic()
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"model": "yolov9", "version": 2, "previous": 1}
-    versions = httpx.get(f"{url}/v1/models").json()["models"][0]["versions"]
-    assert [v["version"] for v in versions if v["serving"]] == [2]
-    time.sleep(2)
-    rollback_started = time.monotonic()
-    r = _cli("serve", "rollback", "--gateway", url)
-    assert r.returncode == 0, r.stderr
-    rolled_at = time.monotonic()
-    time.sleep(2)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:  # the load stops whatever happens, before the stack it loads goes down
+        time.sleep(2)
+        r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url)
+        assert r.returncode == 0, r.stderr
+        deployed_at = time.monotonic()
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == {"model": "yolov9", "version": 2, "previous": 1}
+        versions = httpx.get(f"{url}/v1/models").json()["models"][0]["versions"]
+        assert [v["version"] for v in versions if v["serving"]] == [2]
+        time.sleep(2)
+        rollback_started = time.monotonic()
+        r = _cli("serve", "rollback", "--gateway", url)
+        assert r.returncode == 0, r.stderr
+        rolled_at = time.monotonic()
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     assert log and all(status == 200 for _, _, status, _ in log), [x for x in log if x[2] != 200][:5]
     assert {v for *_, v in log} == {1, 2}
     assert all(v == 2 for t0, t1, _, v in log if deployed_at < t0 and t1 < rollback_started)  # after the switch
@@ -267,6 +271,26 @@ def test_deploy_and_rollback_under_load_fail_no_request(deployed, trained_tiny, 
         assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in Path(deployed.repo).iterdir()) == before
     assert _detect(url, data).json()["version"] == 1
+
+
+def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tmp_path):
+    from yolov9.serve.gateway.errors import GatewayError
+    from yolov9.serve.gateway.routers.admin import outcome
+
+    done = json.dumps({"model": "yolov9", "version": 2, "previous": 1})
+    assert outcome(0, done + "\n", "", {"serving": 2})["version"] == 2
+    # printed its result last, then died at exit: the repository records the version, so the roll-out happened
+    assert outcome(-signal.SIGSEGV, done, "", {"serving": 2})["version"] == 2
+    cases = [(-signal.SIGSEGV, done, "", {"serving": 1}, "died of SIGSEGV; the repository serves version 1"),
+             (-signal.SIGKILL, "", "", {"serving": 1}, "died of SIGKILL"),
+             (2, "", "yolov9 serve: error: x.pt: no such engine or checkpoint file\n", {"serving": 1},
+              "x.pt: no such engine or checkpoint file")]  # fmt: skip
+    for code, out, err, state, want in cases:
+        with pytest.raises(GatewayError) as e:
+            outcome(code, out, err, state)
+        assert e.value.status == 422 and want in e.value.detail, e.value.detail
+    r = _cli("serve", "rollback", "--repo", str(tmp_path / "nowhere"), "--triton", "127.0.0.1:1")
+    assert r.returncode == 2 and r.stderr.strip().endswith("nowhere: no such model repository"), r.stderr
 
 
 def _chromium():

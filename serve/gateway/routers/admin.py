@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import signal
 import sys
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from yolov9.serve.deploy import read_state
 from yolov9.serve.gateway.dependencies import app_settings
 from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.settings import Settings
 
+log = logging.getLogger("uvicorn.error")  # beside the server's own lines, at its level
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
@@ -39,11 +43,29 @@ async def _run(args: list[str], settings: Settings) -> dict:
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         out, err = await proc.communicate()
-    if proc.returncode != 0:
-        lines = [x for x in err.decode(errors="replace").splitlines() if x.strip()]
-        detail = lines[-1].split("error: ", 1)[-1] if lines else f"exit code {proc.returncode}"
-        raise GatewayError(422, "deploy_failed", detail)
-    return json.loads(out.decode().strip().splitlines()[-1])
+    return outcome(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+                   read_state(settings.repo, settings.model))  # fmt: skip
+
+
+def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
+    """The roll-out's result from its process. The result line is printed last, after every server loaded and
+    unloaded and the repository's state was written; a process that printed it and then died of a signal (a native
+    library's threads at interpreter exit) finished its roll-out when the state agrees, and that is logged."""
+    lines = out.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        result = None
+    if returncode == 0 and result is not None:
+        return result
+    died = f"died of {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
+    if returncode < 0 and isinstance(result, dict) and result.get("version") == state["serving"]:
+        log.warning("the roll-out %s after it finished (version %s serving): %s", died, state["serving"], result)
+        return result
+    errs = [x for x in err.splitlines() if x.strip()]
+    detail = errs[-1].split("error: ", 1)[-1] if errs and returncode > 0 else (
+        f"the roll-out process {died}; the repository serves version {state['serving']}")  # fmt: skip
+    raise GatewayError(422, "deploy_failed", detail)
 
 
 @router.post("/deploy", summary="Roll out a checkpoint or engine file (a path on the server) as the next version")
