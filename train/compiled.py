@@ -6,9 +6,10 @@ of one shape compile once, and a region's compile is cached on its own) or the m
 compiles for static shapes, for the first input it sees; an input of another shape (an epoch's short last batch)
 runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
 trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as one graph for the prediction shapes
-it first sees (mode `loss` compiles it alone, the forward modes with the forward), with the targets padded to a
-power-of-two box count (`target_capacity`: a few shapes per run, the loss unchanged): eagerly they are thousands
-of small elementwise kernels per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
+it first sees (mode `loss` compiles it alone, the forward modes with the forward), compiled once for any box count
+(a symbolic dimension); the targets are still padded to a power-of-two count (`target_capacity`, the loss
+unchanged) so that the captured step sees few shapes. Eagerly the loss is thousands of small elementwise kernels
+per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
 checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
 and shape on a machine starts without compiling again."""
 
@@ -93,6 +94,7 @@ class CompiledLoss:
             return self.loss(preds, targets, padded)
         gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
         gt = pad_to(gt, target_capacity(gt.shape[1]))
+        torch._dynamo.mark_dynamic(gt, 1)  # the box count is symbolic: one compile serves every capacity of a run
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
 
 
@@ -101,9 +103,8 @@ AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold c
 
 def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int | None = None) -> str:
     """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
-    runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). Each new padded box
-    count compiles once (about a minute the first time on a machine, seconds from the cache), so a short run trains
-    uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not
+    runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). The compile costs
+    about a minute the first time on a machine (seconds from the cache), so a short run trains uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not
     measured there)."""
     if mode != "auto":
         return mode

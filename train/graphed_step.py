@@ -32,7 +32,8 @@ class GraphedStep:
     `forward_backward`. The first `warmup` calls of a shape run eagerly on a side stream (cuDNN picks its kernels,
     the loss caches its constants), the next captures and replays; a batch of another shape runs eagerly, and one
     with more boxes than the captured target buffer holds warms up and captures again with room for it (a
-    compiled loss compiles for the new box count in the warm-up: compiling inside a capture breaks it)."""
+    compiled loss meets the new box count in the warm-up, where any compile must happen: compiling inside a
+    capture breaks it)."""
 
     def __init__(
         self,

@@ -108,9 +108,43 @@ def test_compiled_loss_is_one_graph_equal_to_the_loss_and_other_shapes_run_uncom
         torch.testing.assert_close(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
     assert counters["stats"]["unique_graphs"] == 1  # 2 and 1 boxes per image both pad to 64
+    # 70 boxes in one image pad to 128: the box count is symbolic, so the same graph serves it
+    many = torch.cat([rows, torch.cat([torch.zeros(70, 1), torch.rand(70, 1) * 3 // 1, torch.rand(70, 4) * 0.3
+                                      + 0.2], 1)])  # fmt: skip
+    torch.testing.assert_close(net(preds, many)[0], loss_fn(preds, many)[0])
+    assert counters["stats"]["unique_graphs"] == 1
     short = model(torch.rand(1, 3, 64, 64))
     torch.testing.assert_close(net(short, rows[:2])[0], loss_fn(short, rows[:2])[0])
     assert counters["stats"]["unique_graphs"] == 1
     w = next(model.parameters())
     net(preds, rows)[0].backward()
     assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
+    """Through AOTAutograd (inductor's front half: the forward and backward graphs it would generate kernels for),
+    with the box count symbolic: two capacities, one compile, the model's gradients as eager ones."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.compiled import CompiledLoss
+    from yolov9.train.loss import DetectionLoss
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, backend="aot_eager")
+    x = torch.rand(2, 3, 64, 64)
+    for boxes in (3, 100):  # all in the first image: capacities 64 and 128
+        rows = torch.cat([torch.zeros(boxes, 1), torch.randint(0, 3, (boxes, 1)),
+                          torch.rand(boxes, 2) * 0.6 + 0.2, torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+        grads = []
+        for fn in (loss_fn, net):
+            model.zero_grad()
+            fn(model(x), rows)[0].backward()
+            grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        assert len(grads[0]) == len(grads[1]) > 0
+        for want, got in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
