@@ -9,9 +9,9 @@ trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as 
 it first sees (mode `loss` compiles it alone, the forward modes with the forward), compiled once for any box count
 (a symbolic dimension); the targets are still padded to a power-of-two count (`target_capacity`, the loss
 unchanged) so that the captured step sees few shapes. Eagerly the loss is thousands of small elementwise kernels
-per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and
-checkpoints are unchanged). Inductor's caches live in the user's cache folder, so a second run of the same model
-and shape on a machine starts without compiling again."""
+per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and checkpoints are unchanged).
+Inductor's caches live in the user's cache folder, so a second run of the same model and shape on a machine starts
+without compiling again."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold c
 def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int | None = None) -> str:
     """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
     runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). The compile costs
-    about a minute the first time on a machine (seconds from the cache), so a short run trains uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not
-    measured there)."""
+    about a minute the first time on a machine (seconds from the cache), so a short run trains uncompiled. Off on
+    the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not measured there)."""
     if mode != "auto":
         return mode
     long_run = images is None or images >= AUTO_MIN_IMAGES
