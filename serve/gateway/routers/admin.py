@@ -47,6 +47,13 @@ async def _run(args: list[str], settings: Settings) -> dict:
                    read_state(settings.repo, settings.model))  # fmt: skip
 
 
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {n}"
+
+
 def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
     """The roll-out's result from its process. The result line is printed last, after every server loaded and
     unloaded and the repository's state was written; a process that printed it and then died of a signal (a native
@@ -58,7 +65,7 @@ def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
         result = None
     if returncode == 0 and result is not None:
         return result
-    died = f"died of {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
+    died = f"died of {_signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
     if returncode < 0 and isinstance(result, dict) and result.get("version") == state["serving"]:
         log.warning("the roll-out %s after it finished (version %s serving): %s", died, state["serving"], result)
         return result
