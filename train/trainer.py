@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import yaml
 from tqdm import tqdm
@@ -248,8 +250,10 @@ class Trainer:
         monitor, self.final = GpuMonitor(self.device), None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
         batches = self._plotting(iter(loader), epoch)  # one iterator: workers prefetch across epoch boundaries
+        first_epoch = True
         try:
             while epoch < end_epoch:
+                started = _seconds_since_process_start()
                 try:
                     row = train_one_epoch(self.state, self.step, batches, self._plan(loader), epoch, self.dist, monitor)
                 except torch.OutOfMemoryError:
@@ -261,6 +265,9 @@ class Trainer:
                     continue
                 self.state.scheduler.step()
                 self.state.epoch = epoch
+                if first_epoch:  # what a user waits before training starts: caching, capture, compilation
+                    row["start_to_first_step_s"] = started + row["first_step_s"]
+                    first_epoch = False
                 row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
                 if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
                     row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
@@ -396,3 +403,7 @@ def _to_letterbox(det: torch.Tensor, meta) -> torch.Tensor:
     out[:, [0, 2]] = det[:, [0, 2]] * meta.ratio + meta.pad[0]
     out[:, [1, 3]] = det[:, [1, 3]] * meta.ratio + meta.pad[1]
     return out
+
+
+def _seconds_since_process_start() -> float:
+    return time.time() - psutil.Process().create_time()
