@@ -131,6 +131,8 @@ def _cmd_deploy(args: argparse.Namespace) -> None:
     Triton servers."""
     import json
 
+    if args.gateway and getattr(args, "keep", None) is not None:
+        raise BadInput("--keep: a gateway's roll-outs keep its repository's default; use it with --repo")
     if args.gateway:
         import httpx
 
@@ -146,7 +148,10 @@ def _cmd_deploy(args: argparse.Namespace) -> None:
     from yolov9.serve.deploy import deploy, rollback
 
     urls = args.triton.split(",")
-    out = rollback(args.repo, args.name, urls) if args.rollback else deploy(args.engine, args.repo, args.name, urls)
+    if args.rollback:
+        out = rollback(args.repo, args.name, urls)
+    else:
+        out = deploy(args.engine, args.repo, args.name, urls, **({} if args.keep is None else {"keep": args.keep}))
     print(json.dumps(out), flush=True)  # the result is out before the interpreter's exit, whatever happens there
 
 
@@ -253,6 +258,9 @@ def register(sub, bench) -> None:
         )
         if cmd == "deploy":
             p.add_argument("engine", help="checkpoint or engine file to serve next")
+            p.add_argument("--keep", type=int, default=None, help="without --gateway: versions kept for rollback, "
+                           "the new one included (default: 3); older version folders are removed once unloaded, "
+                           "the built model's never")  # fmt: skip
         p.add_argument("--gateway", default=None, help="a running gateway's URL: it deploys on its repository")
         p.add_argument("--api-key", default=None, help="--gateway: its X-API-Key")
         p.add_argument("--repo", default=REPO, help="without --gateway: the model repository")

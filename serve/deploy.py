@@ -8,7 +8,9 @@ deploy:   check the new engine fits the served one (classes, image size, outputs
 rollback: load the previous version again -> unload the current one: the gateway falls back as it unloads.
 
 `<repo>/<name>.versions.json` records the serving version and the history, so a restarted Triton loads the right
-one and rollback knows where to go back to."""
+one and rollback knows where to go back to. The history keeps the last `keep` versions; the folders of the others
+(older ones, and one rolled away from) are removed once unloaded, except the built model's (version 1). Version
+numbers are never reused, so a response's version always names one engine."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from yolov9.core.errors import BadInput, Unavailable
 from yolov9.serve.gateway.backend import model_name, version_of
 
 DRAIN_S = 2.0  # time for every gateway worker to see the new version (several health checks) before the old goes
+KEEP = 3  # versions a repository keeps: the serving one and two to roll back to
 
 
 def _state_path(repo: Path, name: str) -> Path:
@@ -31,7 +34,7 @@ def _state_path(repo: Path, name: str) -> Path:
 
 def read_state(repo: str | Path, name: str) -> dict:
     p = _state_path(Path(repo), name)
-    return json.loads(p.read_text()) if p.is_file() else {"serving": 1, "history": [1]}
+    return json.loads(p.read_text()) if p.is_file() else {"serving": 1, "history": [1], "latest": 1}
 
 
 def _write_state(repo: Path, name: str, state: dict) -> None:
@@ -48,6 +51,13 @@ def serving_model(repo: str | Path, name: str) -> str:
 
 def versions_in(repo: Path, name: str) -> list[int]:
     return sorted(v for d in Path(repo).iterdir() if d.is_dir() and (v := version_of(d.name, name)) is not None)
+
+
+def _prune(repo: Path, name: str, history: list[int]) -> None:
+    """Remove the folders of versions no longer in the history (Triton has unloaded them); the built model stays."""
+    for v in versions_in(repo, name):
+        if v != 1 and v not in history:
+            shutil.rmtree(repo / model_name(name, v), ignore_errors=True)
 
 
 def _served_config(repo: Path, name: str):
@@ -88,7 +98,7 @@ def add_version(engine: str | Path, repo: str | Path, name: str) -> int:
         raise BadInput(f"{engine}: no such engine or checkpoint file")
     cfg = _served_config(repo, name)
     check_fits(engine, cfg)
-    k = max(versions_in(repo, name)) + 1
+    k = max(*versions_in(repo, name), read_state(repo, name).get("latest", 1)) + 1
     folder = repo / model_name(name, k)
     (folder / "1").mkdir(parents=True)
     install_model("model.py", folder / "1")
@@ -142,13 +152,17 @@ def _locked(repo: Path, name: str):
         yield
 
 
-def deploy(engine: str | Path, repo: str | Path, name: str, urls: list[str], drain_s: float = DRAIN_S) -> dict:
-    """Roll `engine` out as the next version; returns {model, version, previous}."""
+def deploy(
+    engine: str | Path, repo: str | Path, name: str, urls: list[str], drain_s: float = DRAIN_S, keep: int = KEEP
+) -> dict:
+    """Roll `engine` out as the next version, keeping `keep` versions; returns {model, version, previous}."""
+    if keep < 1:
+        raise BadInput(f"keep {keep}: at least the serving version is kept (1 or more)")
     with _locked(Path(repo), name):
-        return _deploy(engine, Path(repo), name, urls, drain_s)
+        return _deploy(engine, Path(repo), name, urls, drain_s, keep)
 
 
-def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s: float) -> dict:
+def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s: float, keep: int) -> dict:
     state = read_state(repo, name)
     old = state["serving"]
     k = add_version(engine, repo, name)
@@ -158,10 +172,12 @@ def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s:
         except Unavailable:
             shutil.rmtree(repo / model_name(name, k))
             raise
-        _write_state(repo, name, {"serving": k, "history": [*state["history"], k]})
+        history = [*state["history"], k][-keep:]
+        _write_state(repo, name, {"serving": k, "history": history, "latest": k})
         time.sleep(drain_s)  # every gateway worker's health check now sees version k ready, and sends there
         for c in clients:
             c.unload_model(model_name(name, old))  # Triton answers the requests it holds before it unloads
+    _prune(repo, name, history)
     return {"model": name, "version": k, "previous": old}
 
 
@@ -178,7 +194,9 @@ def _rollback(repo: Path, name: str, urls: list[str]) -> dict:
     cur, prev = state["history"][-1], state["history"][-2]
     with _clients(urls) as clients:
         _load_everywhere(urls, clients, model_name(name, prev))
-        _write_state(repo, name, {"serving": prev, "history": state["history"][:-1]})
+        history = state["history"][:-1]
+        _write_state(repo, name, {"serving": prev, "history": history, "latest": state.get("latest", cur)})
         for c in clients:  # as it unloads the gateway falls back to prev, the highest version left ready
             c.unload_model(model_name(name, cur))
+    _prune(repo, name, history)
     return {"model": name, "version": prev, "previous": cur}

@@ -271,6 +271,16 @@ def test_deploy_and_rollback_under_load_fail_no_request(deployed, trained_tiny, 
         assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in Path(deployed.repo).iterdir()) == before
     assert _detect(url, data).json()["version"] == 1
+    # the version rolled away from is gone from the repository, and its number is not given to another engine
+    from yolov9.serve.deploy import read_state
+
+    assert not (Path(deployed.repo) / "yolov9__v2").exists()
+    assert read_state(deployed.repo, "yolov9") == {"serving": 1, "history": [1], "latest": 2}
+    r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url)
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["version"] == 3, r.stderr
+    assert read_state(deployed.repo, "yolov9")["history"] == [1, 3]
+    r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url, "--keep", "2")
+    assert r.returncode == 2 and "--keep" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tmp_path):

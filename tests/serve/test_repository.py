@@ -108,3 +108,18 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
             assert abs(n - m) <= max(1, m // 10)
             checked += int((want[:, 4] > 0.06).sum())
         assert checked > 0
+
+
+def test_version_folders_beyond_the_history_go_and_numbers_are_not_reused(checkpoint, tmp_path):
+    """What deploy and rollback leave on disk (Triton's part is tested in test_operations): versions out of the
+    history lose their folders, the built model keeps its own, and the next version counts past every one written."""
+    from yolov9.serve.deploy import _prune, _write_state, add_version, versions_in
+
+    build_repo(checkpoint, tmp_path, RepoConfig(img=160))
+    assert [add_version(checkpoint, tmp_path, "yolov9") for _ in range(3)] == [2, 3, 4]
+    _prune(tmp_path, "yolov9", [3, 4])  # deploy with keep=2
+    assert versions_in(tmp_path, "yolov9") == [1, 3, 4]
+    _write_state(tmp_path, "yolov9", {"serving": 3, "history": [3], "latest": 4})
+    _prune(tmp_path, "yolov9", [3])  # rolled back from 4
+    assert versions_in(tmp_path, "yolov9") == [1, 3]
+    assert add_version(checkpoint, tmp_path, "yolov9") == 5
