@@ -10,7 +10,7 @@ import torch
 
 from yolov9.core.model import DetectionModel
 from yolov9.train import distributed
-from yolov9.train.compiled import loss_compiled, resolve_mode
+from yolov9.train.compiled import cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import BenchTrainConfig, Hyp
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
@@ -210,6 +210,8 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         "peak_nvidia_smi_gib": round(sampler.used_peak, 2) if sampler.used_peak else None,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
     }
+    if train_step.opts.compile != "off":
+        row.update(cache_counts())
     if args.profile:
         row.update(_profile_steps(step, 3, dev, args.profile))
     return row

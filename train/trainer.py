@@ -21,7 +21,7 @@ from yolov9.core.checkpoint import read_checkpoint
 from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
-from yolov9.train.compiled import FORWARD_MODES, loss_compiled, resolve_mode
+from yolov9.train.compiled import FORWARD_MODES, cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import TrainConfig
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
 from yolov9.train.data.formats import load_split, require_boxes, resolve_data
@@ -267,6 +267,8 @@ class Trainer:
                 self.state.epoch = epoch
                 if first_epoch:  # what a user waits before training starts: caching, capture, compilation
                     row["start_to_first_step_s"] = started + row["first_step_s"]
+                    if self.step.opts.compile != "off":
+                        row.update(cache_counts())
                     first_epoch = False
                 row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
                 if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run

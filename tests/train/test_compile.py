@@ -148,3 +148,28 @@ def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
         for want, got in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_cache_counts_tell_a_cold_compile_from_a_warm_one(monkeypatch, tmp_path):
+    """What the first epoch's row reports: misses when inductor compiles into an empty cache, hits only when the
+    same graph comes again from it (here after dynamo forgets its compiled code, as a new process would)."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.compiled import cache_counts
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x = torch.rand(8, 8)
+
+    def f(t):
+        return (t.sin() * 2 + 1).sum(0)
+
+    counters.clear()
+    torch._dynamo.reset()
+    torch.compile(f, backend="inductor")(x)
+    cold = cache_counts()
+    assert cold["compile_cache_misses"] >= 1 and cold["compile_cache_hits"] == 0
+    counters.clear()
+    torch._dynamo.reset()
+    torch.compile(f, backend="inductor")(x)
+    warm = cache_counts()
+    assert warm["compile_cache_misses"] == 0 and warm["compile_cache_hits"] >= 1

@@ -50,6 +50,10 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
         assert (run / f).exists(), f
     assert "map" in rows[-1] and 0.0 <= rows[-1]["map"] <= 1.0
     assert summary["skipped_steps"] == 0
+    # the wait before training starts: the first epoch's first step, counted from the process's start
+    assert rows[0]["start_to_first_step_s"] > rows[0]["first_step_s"] > 0
+    assert all("start_to_first_step_s" not in r and r["first_step_s"] > 0 for r in rows[1:])
+    assert "compile_cache_misses" not in rows[0]  # nothing compiled on the CPU by default
 
 
 def test_resume_continues_exactly(subset, tmp_path):
@@ -128,6 +132,7 @@ def test_bench_train_reports_each_amp_mode(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["amp"] for r in rows] == ["off", "bf16"]
     assert all(r["images_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1 for r in rows)
+    assert all(r["first_step_s"] > 0 and "compile_cache_hits" not in r for r in rows)  # nothing compiled
     assert all(r["aten_ops_per_step"] > 100 for r in rows)  # a real forward/backward/optimizer step ran
     assert "aten::convolution" in (tmp_path / "profile.txt").read_text()
     # training FLOPs: forward plus backward, about three forwards (no input gradient for the first layer)
