@@ -104,7 +104,7 @@ class Detector:
         results, ok, metas, pred = self.predict(requests, lap)
         if not ok:
             return results
-        out = torch.zeros(len(ok), self.max_det, 6, device=self.device)
+        out = torch.zeros(len(ok), self.max_det, 6)  # responses leave through host memory
         counts = [0] * len(ok)
         for iou in sorted({requests[k].iou for k in ok}):
             rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
@@ -117,11 +117,12 @@ class Detector:
                 [min(r.max_det, self.max_det) for r in reqs],
                 [r.classes for r in reqs],
             )
-            # every detection to (its image's row, its rank within the image) in one scatter, not a copy per image
-            out[torch.tensor(rows, device=self.device)[owner], rank] = det
+            # the detections with their image and rank in one copy to the host (none when NMS ran there), then
+            # every detection to (its image's row, its rank within the image) in one scatter
+            flat = torch.cat((det.float(), owner[:, None].float(), rank[:, None].float()), 1).cpu()
+            out[torch.tensor(rows)[flat[:, 6].long()], flat[:, 7].long()] = flat[:, :6]
             for j, c in zip(rows, n):
                 counts[j] = c
-        out = out.cpu()  # one copy for the whole batch: responses leave through host memory anyway
         for j, k in enumerate(ok):
             results[k] = (out[j], counts[j])
         lap("nms")

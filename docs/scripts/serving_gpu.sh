@@ -11,7 +11,8 @@
 # process and in six under MPS; a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once
 # per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
 # and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12; last,
-# Triton direct with each of QDELAYS (us) as the batcher's queue delay. BEFORE (optional): a checkout of older code
+# Triton direct with each of QDELAYS (us) as the batcher's queue delay (ORDER: the recipe and queue-delay runs in
+# another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"). BEFORE (optional): a checkout of older code
 # (git archive a072e25 | tar -x -C .gpu/before), its gateway measured against the first Triton. Each step runs under
 # its own timeout, so one that fails costs its limit only.
 set -uo pipefail
@@ -24,6 +25,8 @@ GW_ALT=${GW_ALT:-6}
 CONC=${CONC:-1,8,64,128,160,256}
 QDELAYS=${QDELAYS:-0 200}
 DUR=${DUR:-10}
+BENCH_DECODERS=${BENCH_DECODERS:-nvimgcodec nvjpeg cpu}
+SIX_PROCS=${SIX_PROCS:-nvimgcodec nvjpeg}
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
 cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"
@@ -36,18 +39,18 @@ stop_stack() {  # the next server needs the ports: wait until the old processes 
 wait_url() { for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/gpu.txt"
 
-step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/serve/test_detector.py
+step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_boxes.py tests/serve/test_detector.py
 printf 'mosaic: 0.0\nmixup: 0.0\nscale: 0.2\ntranslate: 0.05\n' > "$R/light.yaml"
 step 300 train yolov9 train --data "$DATA/coco128" --cfg yolov9-s --img 640 --epochs "$EPOCHS" --batch 16 --hyp "$R/light.yaml" \
   --close-mosaic 0 --cache ram --workers 12 --no-val --project "$R/runs" --name fit --exist-ok
 W=$R/runs/fit/weights/last.pt
 step 330 export yolov9 export aoti "$W" -o "$R/fl.pt2" --max-batch 64
-for d in nvimgcodec nvjpeg cpu; do
+for d in $BENCH_DECODERS; do
   step 120 "bench_detector_$d" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 1,8,32,64 --iters 20 \
     --decoder "$d" --out "$R/bench_detector_$d.json"
 done
 step 120 detector_profile python3 docs/scripts/detector_profile.py "$R/fl.pt2" "$R/imgs" "$R/detector_profile.txt" 1,8
-for d in nvimgcodec nvjpeg; do  # six processes under MPS, as six Triton instances run: do the JPEG engines pay there?
+for d in $SIX_PROCS; do  # six processes under MPS, as six Triton instances run: do the JPEG engines pay there?
   step 150 "bench_detector_${d}_6procs" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 8,32,64 --iters 20 \
     --decoder "$d" --procs 6 --mps --out "$R/bench_detector_${d}_6procs.json"
 done
@@ -59,7 +62,8 @@ start_gateway() {  # workers, log
   wait_url http://127.0.0.1:8080/readyz 60; echo "gateway ($1 workers) ready: $?" >> "$R/steps.txt"
 }
 # the recipe: 6 instances under MPS, 12 gateway workers
-for dec in $DECODERS; do
+recipe() {  # decoder inside Triton
+  local dec=$1
   yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_$dec" --kind gpu --instances 6 --max-batch 64 \
     --queue-delay-us 1000 --decoder "$dec" > "$R/build_$dec.log" 2>&1
   SECONDS=0
@@ -85,14 +89,17 @@ for dec in $DECODERS; do
     fi
   fi
   stop_stack
-done
+}
 # the batcher's queue delay at light load and at the knee (Triton direct: the gateway adds the same to each)
-for q in $QDELAYS; do
+queue_delay() {  # microseconds
+  local q=$1
   yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_q$q" --kind gpu --instances 6 --max-batch 64 \
     --queue-delay-us "$q" > "$R/build_q$q.log" 2>&1
   (yolov9 serve triton --repo "$R/repo_q$q" --mps --log "$R/triton_q$q.log" > "$R/triton_cmd_q$q.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton (queue delay $q us) ready: $?" >> "$R/steps.txt"
   step 120 "lt_triton_q$q" $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64,160 --out "$R/lt_triton_q$q.json"
   stop_stack
-done
+}
+ORDER=${ORDER:-$(for d in $DECODERS; do printf 'recipe:%s ' "$d"; done; for q in $QDELAYS; do printf 'queue_delay:%s ' "$q"; done)}
+for item in $ORDER; do "${item%%:*}" "${item#*:}"; done
 touch "$R/done"

@@ -3,7 +3,7 @@ import torch
 import torchvision
 
 from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
-from yolov9.core.postprocess import nms_flat, per_image
+from yolov9.core.postprocess import HOST_NMS_MAX, nms_flat, per_image
 
 
 def _reference(pred, conf, iou, max_det):
@@ -75,3 +75,22 @@ def test_multi_label_nms_equals_the_official_definition(max_nms):
     if max_nms == 30000:  # uncapped, one label per box keeps fewer
         one, every = (per_image(nms_flat(pred, 0.3, 0.6, 1000, multi_label=m)) for m in (False, True))
         assert sum(map(len, one)) < sum(map(len, every))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host NMS path is taken only for predictions on a GPU")
+@pytest.mark.parametrize("conf", [0.97, 0.3])  # few candidates (NMS on the host), many (NMS stays on the GPU)
+def test_nms_on_the_host_for_few_candidates_equals_the_gpu_path(conf):
+    g = torch.Generator().manual_seed(0)
+    b, nc, a = 4, 5, 400
+    xy = torch.rand(b, 2, a, generator=g) * 300
+    wh = torch.rand(b, 2, a, generator=g) * 60 + 4
+    pred = torch.cat((xy, wh, torch.rand(b, nc, a, generator=g)), 1).cuda()
+    few = int((pred[:, 4:].amax(1) > conf).sum()) <= HOST_NMS_MAX
+    default, on_gpu = (
+        nms_flat(pred, conf, 0.5, [100, 3, 100, 0]),
+        nms_flat(pred, conf, 0.5, [100, 3, 100, 0], host_max=0),
+    )
+    assert default[0].device.type == ("cpu" if few else "cuda") and on_gpu[0].device.type == "cuda"
+    assert default[3] == on_gpu[3] and sum(default[3]) > 3
+    for got, want in zip(default[:3], on_gpu[:3]):
+        torch.testing.assert_close(got.cpu(), want.cpu(), check_dtype=False)
