@@ -21,12 +21,13 @@ DATA=${DATA:-../shared/datasets}
 BEFORE=${BEFORE:-.gpu/before}
 EPOCHS=${EPOCHS:-80}
 DECODERS=${DECODERS:-auto nvimgcodec}
-GW_ALT=${GW_ALT:-6}
+GW_ALT=${GW_ALT-6}
 CONC=${CONC:-1,8,64,128,160,256}
 QDELAYS=${QDELAYS:-0 200}
 DUR=${DUR:-10}
-BENCH_DECODERS=${BENCH_DECODERS:-nvimgcodec nvjpeg cpu}
-SIX_PROCS=${SIX_PROCS:-nvimgcodec nvjpeg}
+BENCH_DECODERS=${BENCH_DECODERS-nvimgcodec nvjpeg cpu}
+SIX_PROCS=${SIX_PROCS-nvimgcodec nvjpeg}
+CHECKS=${CHECKS:-1}  # 0: skip the GPU tests, the profile and the engine's val (already measured on this code)
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
 cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"
@@ -39,7 +40,7 @@ stop_stack() {  # the next server needs the ports: wait until the old processes 
 wait_url() { for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/gpu.txt"
 
-step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_boxes.py tests/serve/test_detector.py
+[ "$CHECKS" = 1 ] && step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_boxes.py tests/serve/test_detector.py
 printf 'mosaic: 0.0\nmixup: 0.0\nscale: 0.2\ntranslate: 0.05\n' > "$R/light.yaml"
 step 300 train yolov9 train --data "$DATA/coco128" --cfg yolov9-s --img 640 --epochs "$EPOCHS" --batch 16 --hyp "$R/light.yaml" \
   --close-mosaic 0 --cache ram --workers 12 --no-val --project "$R/runs" --name fit --exist-ok
@@ -49,12 +50,12 @@ for d in $BENCH_DECODERS; do
   step 120 "bench_detector_$d" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 1,8,32,64 --iters 20 \
     --decoder "$d" --out "$R/bench_detector_$d.json"
 done
-step 120 detector_profile python3 docs/scripts/detector_profile.py "$R/fl.pt2" "$R/imgs" "$R/detector_profile.txt" 1,8
+[ "$CHECKS" = 1 ] && step 120 detector_profile python3 docs/scripts/detector_profile.py "$R/fl.pt2" "$R/imgs" "$R/detector_profile.txt" 1,8
 for d in $SIX_PROCS; do  # six processes under MPS, as six Triton instances run: do the JPEG engines pay there?
   step 150 "bench_detector_${d}_6procs" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 8,32,64 --iters 20 \
     --decoder "$d" --procs 6 --mps --out "$R/bench_detector_${d}_6procs.json"
 done
-step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
+[ "$CHECKS" = 1 ] && step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
 
 LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs 4 --triton-metrics http://127.0.0.1:8002/metrics"
 start_gateway() {  # workers, log
