@@ -6,9 +6,10 @@ request, so the hot path keeps its dependency tree one node deep."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
 
-from fastapi import Query, Request, UploadFile
+from fastapi import Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
 from yolov9.core.image_io import ImageError, image_size
 from yolov9.serve.gateway.backend import TritonPool
@@ -37,9 +38,33 @@ class DetectContext:
     pool: TritonPool
 
 
-async def detect_context(request: Request, query: Annotated[DetectQuery, Query()]) -> DetectContext:
-    """What every detect route needs: its parameters, the settings and the pool."""
+async def detect_context(request: Request) -> DetectContext:
+    """What every detect route needs: its parameters, the settings and the pool. The query is validated here in
+    one pydantic call: as a FastAPI `Query()` model, FastAPI re-inspected every field's annotation on every request
+    (the routes document the parameters through QUERY_PARAMETERS instead)."""
+    try:
+        query = DetectQuery.model_validate(dict(request.query_params))
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("query", *err["loc"])} for err in e.errors()]) from None
     return DetectContext(query, request.app.state.settings, request.app.state.pool)
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict]:
+    """A model's fields as OpenAPI query parameters (what FastAPI writes for a `Query()` model)."""
+    schema = model.model_json_schema()
+    return [
+        {
+            "name": name,
+            "in": "query",
+            "required": name in schema.get("required", []),
+            "description": prop.get("description", ""),
+            "schema": {k: v for k, v in prop.items() if k != "description"},
+        }
+        for name, prop in schema["properties"].items()
+    ]
+
+
+QUERY_PARAMETERS = _query_parameters(DetectQuery)
 
 
 def check_content_type(ctype: str, what: str = "content type") -> None:
@@ -123,8 +148,10 @@ async def read_images(request: Request, settings: Settings) -> list[bytes]:
     return [await upload_bytes(f, limit, f.filename or "files") for f in files]
 
 
-# the request bodies the OpenAPI page documents (the routes read them themselves, to answer mistakes in words)
+# the request bodies and query parameters the OpenAPI page documents (the routes read them themselves, to answer
+# mistakes in words)
 IMAGE_BODY = {
+    "parameters": QUERY_PARAMETERS,
     "requestBody": {
         "required": True,
         "content": {
@@ -141,6 +168,7 @@ IMAGE_BODY = {
     }
 }
 IMAGES_BODY = {
+    "parameters": QUERY_PARAMETERS,
     "requestBody": {
         "required": True,
         "content": {

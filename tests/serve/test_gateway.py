@@ -84,6 +84,10 @@ def test_common_client_mistakes_get_a_json_4xx_that_says_what_to_send(gateway, c
     spec = httpx.get(f"{gateway.url}/openapi.json").json()["paths"]
     assert "multipart/form-data" in spec["/v1/detect"]["post"]["requestBody"]["content"]
     assert "image/jpeg" in spec["/v1/detect"]["post"]["requestBody"]["content"]
+    for path in ("/v1/detect", "/v1/detect/batch", "/v1/detect/annotated"):  # the query parameters, documented
+        params = {p["name"]: p for p in spec[path]["post"]["parameters"]}
+        assert set(params) == {"conf", "iou", "max_det", "classes"} and params["conf"]["in"] == "query"
+        assert params["max_det"]["schema"]["maximum"] == 1000 and params["conf"]["description"]
 
 
 def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
@@ -173,6 +177,7 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, ca
     assert set(body) == {"error", "detail"} and isinstance(body["detail"], str) and body["detail"]
     if status == 422:
         assert body["error"] == "invalid_parameters" and ("80" in body["detail"]) == (case == "unknown_class")
+        assert body["detail"].startswith(case.removeprefix("bad_") + ": ") or case == "unknown_class", body
     assert _post(gateway, good).status_code == 200
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
 
