@@ -42,7 +42,11 @@ class RepoConfig:
         "Triton max_batch_size (under MPS the longest batches set the tail latency, and capping them at 32 served "
         "as much at a lower p99; docs/benchmarks.md)",
     )
-    queue_delay_us: int = option(500, "dynamic batching queue delay (100-2000 us)")
+    queue_delay_us: int = option(
+        500,
+        "dynamic batching: how long (0-2000 us) a request waits for others to share its batch; with 0 a free "
+        "instance takes what is queued at once (requests that queue while the instances are busy still batch)",
+    )
     preferred_batch: list[int] | None = option(
         None,
         "comma list of batch sizes Triton's batcher cuts batches at when it can, or 'none' to send whatever is "

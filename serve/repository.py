@@ -96,8 +96,8 @@ def read_config(folder: Path) -> mc.ModelConfig:
 
 def build_repo(engine: str | Path, repo: str | Path = "model_repository", cfg: RepoConfig = RepoConfig()) -> Path:
     """Write `repo/<cfg.name>` (and the TensorRT-backend variant if asked); returns the model folder."""
-    if not 100 <= cfg.queue_delay_us <= 2000:
-        raise BadInput("--queue-delay-us should be 100-2000 (0.1-2 ms): longer adds latency, shorter loses batching")
+    if not 0 <= cfg.queue_delay_us <= 2000:
+        raise BadInput("--queue-delay-us should be 0-2000 (at most 2 ms): every request may wait that long")
     preferred = cfg.preferred_batch
     if preferred is None:
         preferred = [b for b in (4, 8, 16, 32, 64) if b <= cfg.max_batch]

@@ -165,7 +165,7 @@ IMAGE_BODY = {
                 }
             },
         },
-    }
+    },
 }
 IMAGES_BODY = {
     "parameters": QUERY_PARAMETERS,
@@ -180,7 +180,7 @@ IMAGES_BODY = {
                 }
             }
         },
-    }
+    },
 }
 
 

@@ -35,8 +35,12 @@ def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
 
 
 def test_queue_delay_bounds(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="0.1-2 ms"):
-        build_repo(checkpoint, tmp_path, RepoConfig(queue_delay_us=5000))
+    for bad in (5000, -1):
+        with pytest.raises(ValueError, match="0-2000"):
+            build_repo(checkpoint, tmp_path, RepoConfig(queue_delay_us=bad))
+    # 0: no wait for company (Triton's default when the field is absent)
+    none = read_config(build_repo(checkpoint, tmp_path, RepoConfig(queue_delay_us=0)))
+    assert none.HasField("dynamic_batching") and none.dynamic_batching.max_queue_delay_microseconds == 0
 
 
 def test_preferred_batch_sizes(checkpoint, tmp_path):
