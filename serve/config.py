@@ -55,7 +55,10 @@ class RepoConfig:
         metavar="SIZES",
     )
     instances: int = option(
-        1, "model instances (processes); several share one GPU best under `serve triton --mps` (docs/benchmarks.md)"
+        2,
+        "model instances (processes). With one, Triton's batcher can leave a request queued for half a second when "
+        "it arrives while that instance is finishing the previous batch; several share one GPU best under `serve "
+        "triton --mps` (docs/benchmarks.md)",
     )
     kind: Literal["auto", "gpu", "cpu"] = option("auto", "instance kind")
     max_det: int = option(MAX_DET, "detections per image (fixed output size)")

@@ -171,7 +171,7 @@ def _write_trt_variant(repo: Path, engine: Path, cfg: RepoConfig) -> None:
     pre.input.add(**_tensor("IMAGE", mc.TYPE_UINT8, [-1], allow_ragged_batch=True))
     pre.output.extend([mc.ModelOutput(**image), mc.ModelOutput(**meta)])
     _batching(pre, *batching)
-    _instances(pre, 1, kind)
+    _instances(pre, 2, kind)  # one batching instance can leave a request queued for 0.5 s (RepoConfig.instances)
     _params(pre, {"img_size": img_size})
     post = mc.ModelConfig(name=f"{name}_post", backend="python", max_batch_size=max_batch)
     post.input.extend([mc.ModelInput(**raw), mc.ModelInput(**meta)])

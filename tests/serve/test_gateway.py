@@ -107,7 +107,7 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
     r = httpx.get(f"{gateway.url}/v1/models")
     assert r.status_code == 200 and r.json()["models"][0]["classes"][0] == "person"
     # the decoder the model instance picked (core/decode.py), from the metric it publishes on Triton
-    assert [e["decoders"] for e in r.json()["models"][0]["endpoints"]] == [{"cpu": 1}]
+    assert [e["decoders"] for e in r.json()["models"][0]["endpoints"]] == [{"cpu": 2}]  # two instances by default
     assert httpx.get(f"{gateway.url}/openapi.json").json()["paths"]["/v1/detect"]
     assert httpx.get(f"{gateway.url}/docs").status_code == 200
     every = _post(gateway, imgs[0]).json()["detections"]
