@@ -57,13 +57,12 @@ def nms_flat(
     classes: list[int] | list[list[int] | None] | None = None,
     max_nms: int = 30000,
     multi_label: bool = False,
-    host_max: int | None = None,
 ) -> Flat:
     """Detections (N, 6) = x1, y1, x2, y2, score, class from decoded (B, 4 + nc, A) predictions, for the whole
     batch at once, grouped by image (score order within each), with the image of each row (N,), its rank within
     that image (N,) and the rows per image. Two host synchronisations per batch besides the NMS kernel's own.
-    On a GPU, at most host_max (default HOST_NMS_MAX) candidates over the threshold go to the host in one copy and
-    the NMS runs there (the result is then on the CPU, in float32); more stay on the GPU.
+    On a GPU, at most HOST_NMS_MAX candidates over the threshold go to the host in one copy and the NMS runs there
+    (the result is then on the CPU, in float32); more stay on the GPU.
 
     Each anchor contributes its best class (the deployment convention), or with multi_label every class above conf
     (the official validation protocol, at most max_nms candidates per image); one torchvision batched NMS call
@@ -96,7 +95,7 @@ def nms_flat(
             top = s.topk(max_nms * b).indices
             img, anchor, s, c = img[top], anchor[top], s[top], c[top]
     boxes = xywh2xyxy(pred[img, :4, anchor])
-    if dev.type != "cpu" and len(s) <= (HOST_NMS_MAX if host_max is None else host_max):
+    if dev.type != "cpu" and len(s) <= HOST_NMS_MAX:
         boxes, s, c, img = _to_host(boxes, s, c, img)
         dev = boxes.device
     per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
@@ -120,12 +119,11 @@ def postprocess_flat(
     max_det: int | list[int] = 300,
     classes: list[int] | list[list[int] | None] | None = None,
     multi_label: bool = False,
-    host_max: int | None = None,
 ) -> Flat:
     """nms_flat() with the boxes mapped back to original-image pixels through each image's letterbox meta, for the
     whole batch at once: detections (N, 6) grouped by image, the image of each row, its rank within that image
     and the rows per image."""
-    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes, multi_label=multi_label, host_max=host_max)
+    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes, multi_label=multi_label)
     # ratio, pad left/top, orig h/w per image on the detections' device, then one row per detection
     per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
     per_det = per_image.reshape(-1, 5)[owner]

@@ -150,8 +150,8 @@ class OnnxEngine:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
+        # torch's thread count (the cores, OMP_NUM_THREADS, or a Triton instance's share) unless told otherwise
+        opts.intra_op_num_threads = threads or torch.get_num_threads()
         try:
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime's errors are long; the first line names the cause

@@ -27,6 +27,14 @@ class Request:
     classes: list[int] | None = None
 
 
+def cpu_threads_per_instance(model_config: dict) -> int:
+    """This Triton instance's share of the process's threads (torch's count: the cores, or OMP_NUM_THREADS): CPU
+    instances of one model run at once, and each taking every core makes their threads thrash."""
+    groups = model_config.get("instance_group", [])
+    count = sum(int(g.get("count", 1)) for g in groups if g.get("kind") == "KIND_CPU")
+    return max(1, torch.get_num_threads() // max(count, 1))
+
+
 def graph_buckets(max_batch: int, step: int = 8) -> list[int]:
     """Batch sizes that get a CUDA graph: 1, 2, 4, then every multiple of `step`, and max_batch itself, so a
     batch is padded by fewer than `step` images (powers of two alone would run a batch of 33 as 64)."""

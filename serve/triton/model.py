@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
-from yolov9.serve.detector import Detector, Request
+from yolov9.serve.detector import Detector, Request, cpu_threads_per_instance
 
 
 def _input(request, name):
@@ -49,6 +49,8 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         kind = args.get("model_instance_kind", "CPU")
         device = f"cuda:{args['model_instance_device_id']}" if kind == "GPU" else "cpu"
+        if kind == "CPU":
+            torch.set_num_threads(cpu_threads_per_instance(cfg))
         engine = params["engine"]
         local = os.path.join(args["model_repository"], args["model_version"], engine)
         if os.path.exists(local):  # a file copied into the version folder; else an absolute path or a zoo name
@@ -63,7 +65,9 @@ class TritonPythonModel:
             decoder=params.get("decoder", "auto"),
         )
         self.detector.warmup()
-        print(f"{args['model_name']} instance {args['model_instance_name']}: decoder {self.detector.decoder.name}")
+        threads = f", {torch.get_num_threads()} CPU threads" if kind == "CPU" else ""
+        name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name
+        print(f"{name}: decoder {decoder}{threads}")
         self._metric_families, self.decoded = _decoder_metrics(args["model_name"], self.detector.decoder.name)
 
     def execute(self, requests):

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torchvision
 
+from yolov9.core import postprocess
 from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
 from yolov9.core.postprocess import HOST_NMS_MAX, nms_flat, per_image
 
@@ -79,17 +80,16 @@ def test_multi_label_nms_equals_the_official_definition(max_nms):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host NMS path is taken only for predictions on a GPU")
 @pytest.mark.parametrize("conf", [0.97, 0.3])  # few candidates (NMS on the host), many (NMS stays on the GPU)
-def test_nms_on_the_host_for_few_candidates_equals_the_gpu_path(conf):
+def test_nms_on_the_host_for_few_candidates_equals_the_gpu_path(conf, monkeypatch):
     g = torch.Generator().manual_seed(0)
     b, nc, a = 4, 5, 400
     xy = torch.rand(b, 2, a, generator=g) * 300
     wh = torch.rand(b, 2, a, generator=g) * 60 + 4
     pred = torch.cat((xy, wh, torch.rand(b, nc, a, generator=g)), 1).cuda()
     few = int((pred[:, 4:].amax(1) > conf).sum()) <= HOST_NMS_MAX
-    default, on_gpu = (
-        nms_flat(pred, conf, 0.5, [100, 3, 100, 0]),
-        nms_flat(pred, conf, 0.5, [100, 3, 100, 0], host_max=0),
-    )
+    default = nms_flat(pred, conf, 0.5, [100, 3, 100, 0])
+    monkeypatch.setattr(postprocess, "HOST_NMS_MAX", -1)  # every candidate stays on the GPU
+    on_gpu = nms_flat(pred, conf, 0.5, [100, 3, 100, 0])
     assert default[0].device.type == ("cpu" if few else "cuda") and on_gpu[0].device.type == "cuda"
     assert default[3] == on_gpu[3] and sum(default[3]) > 3
     for got, want in zip(default[:3], on_gpu[:3]):

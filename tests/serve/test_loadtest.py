@@ -47,7 +47,7 @@ def test_sweep_against_gateway(gateway, triton, tmp_path):
     steps = res["steps"]
     assert [s["concurrency"] for s in steps] == [1, 4]
     for s in steps:
-        assert s["errors"] == {} and s["ok"] > 0 and s["images_per_s"] > 0
+        assert s["errors"] == {} and s["ok"] > 0 and s["images_per_s"] > 0, s
         assert s["requests"] <= 60  # --requests caps the measured requests (warm-up ones not counted)
         assert s["p50_ms"] <= s["p99_ms"] <= s["max_ms"]
         assert s["client_cpu_pct"] is not None

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from yolov9.serve.config import RepoConfig
@@ -128,3 +129,19 @@ def test_version_folders_beyond_the_history_go_and_numbers_are_not_reused(checkp
     _prune(tmp_path, "yolov9", [3])  # rolled back from 4
     assert versions_in(tmp_path, "yolov9") == [1, 3]
     assert add_version(checkpoint, tmp_path, "yolov9") == 5
+
+
+def test_cpu_instances_share_the_threads(checkpoint, tmp_path):
+    """Each CPU instance takes its share of torch's threads, read from the config Triton hands it (as JSON)."""
+    from google.protobuf import json_format
+
+    from yolov9.serve.detector import cpu_threads_per_instance
+
+    for n in (1, 2, 3):
+        cfg = read_config(build_repo(checkpoint, tmp_path / str(n), RepoConfig(kind="cpu", instances=n)))
+        as_triton_gives = json.loads(json_format.MessageToJson(cfg, preserving_proto_field_name=True))
+        assert cpu_threads_per_instance(as_triton_gives) == max(1, torch.get_num_threads() // n)
+    gpu = read_config(build_repo(checkpoint, tmp_path / "gpu", RepoConfig(kind="gpu", instances=2)))
+    as_triton_gives = json.loads(json_format.MessageToJson(gpu, preserving_proto_field_name=True))
+    assert as_triton_gives["instance_group"][0]["count"] == 2
+    assert cpu_threads_per_instance(as_triton_gives) == torch.get_num_threads()
