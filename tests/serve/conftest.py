@@ -57,7 +57,7 @@ def gateway(triton, tmp_path_factory):
         port=free_port(),
         workers=2,
         max_upload_bytes=2 * 2**20,
-        # a loaded 2-core CI box answers the 200-request burst (one CPU instance behind it) in well over the default
+        # a loaded 2-core CI box answers the 200-request burst (two CPU instances behind it) in well over the default
         # 30 s: these tests are about correctness under concurrency, so the timeout is the client's
         timeout_s=120.0,
         log_file=logs / "gateway.log",
