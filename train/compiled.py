@@ -117,8 +117,8 @@ def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int
     """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
     runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). The first step
     comes after a minute and a half on a machine that never compiled it (less from the cache), so a short run
-    trains uncompiled. Off on
-    the CPU (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not measured there)."""
+    trains uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under
+    torchrun (not measured there)."""
     if mode != "auto":
         return mode
     long_run = images is None or images >= AUTO_MIN_IMAGES
