@@ -68,7 +68,7 @@ class TritonPythonModel:
         threads = f", {torch.get_num_threads()} CPU threads" if kind == "CPU" else ""
         name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name
         print(f"{name}: decoder {decoder}{threads}")
-        self._metric_families, self.decoded = _decoder_metrics(args["model_name"], self.detector.decoder.name)
+        self._metric_families, self.decoded = _decoder_metrics(args["model_name"], decoder)
 
     def execute(self, requests):
         parsed = []
