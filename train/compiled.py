@@ -38,15 +38,18 @@ def cache_dir() -> Path:
     return base / "yolov9" / "inductor"
 
 
-def cache_counts() -> dict[str, int]:
-    """This process's lookups in inductor's FX-graph and AOTAutograd caches so far: a start from a warm cache shows
-    hits and no misses, so a slow first step with misses means the cache did not serve it."""
-    from torch._dynamo.utils import counters
+def cache_counts() -> dict[str, int | float]:
+    """This process's lookups in inductor's FX-graph and AOTAutograd caches so far, and the seconds torch.compile
+    spent (tracing included, cache hits or not): a start from a warm cache shows hits and no misses, so a slow first
+    step with misses means the cache did not serve it, and one with few compile seconds spent its time elsewhere
+    (cuDNN's autotuning, the capture)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
 
     fx, aot = counters["inductor"], counters["aot_autograd"]
     return {
         "compile_cache_hits": fx["fxgraph_cache_hit"] + aot["autograd_cache_hit"],
         "compile_cache_misses": fx["fxgraph_cache_miss"] + aot["autograd_cache_miss"],
+        "compile_s": round(sum(compilation_time_metrics.get("_compile.compile_inner", [])), 1),
     }
 
 

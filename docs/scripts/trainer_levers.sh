@@ -80,12 +80,13 @@ from pathlib import Path
 out, runs = Path(sys.argv[1]), Path(sys.argv[2])
 bench = [dict(r, run=p.stem) for p in sorted(out.glob("bench_*.json")) for r in json.loads(p.read_text())]
 train = [json.loads(x) for x in runs.read_text().splitlines()] if runs.exists() else []
-keys = ("epoch", "images_per_s", "data_wait", "box", "cls", "dfl", "map", "map50")
+keys = ("epoch", "images_per_s", "data_wait", "box", "cls", "dfl", "map", "map50", "first_step_s",
+        "start_to_first_step_s", "compile_cache_hits", "compile_cache_misses", "compile_s")
 summary = {"bench": bench, "train": [{k: r.get(k) for k in keys} for r in train]}
 (out / "trainer_levers.json").write_text(json.dumps(summary, indent=1))
 for r in bench:
     print(f"{r['run']:38s} {r['amp']:5s} {r['images_per_s']:8.1f} img/s  busy {r['gpu_busy_pct']}%  "
           f"mem {r['peak_memory_gib']} GiB  mfu {r['mfu']}")
 for r in summary["train"]:
-    print(f"train epoch {r['epoch']}: {r['images_per_s']:.1f} img/s")
+    print(f"train epoch {r['epoch']}: {r['images_per_s']:.1f} img/s, first step {r['first_step_s']} s")
 PY

@@ -168,6 +168,7 @@ def test_cache_counts_tell_a_cold_compile_from_a_warm_one(monkeypatch, tmp_path)
     torch.compile(f, backend="inductor")(x)
     cold = cache_counts()
     assert cold["compile_cache_misses"] >= 1 and cold["compile_cache_hits"] == 0
+    assert cold["compile_s"] > 0  # inductor's C++ compile of f took time
     counters.clear()
     torch._dynamo.reset()
     torch.compile(f, backend="inductor")(x)
