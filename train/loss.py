@@ -15,6 +15,7 @@ from yolov9.train.config import LossGains
 from yolov9.train.data.targets import pad_targets
 
 DUAL_HEAD_WEIGHTS = (0.25, 1.0)  # auxiliary, main
+COMPILED_CHUNK_BOXES = 128  # the box count the compiled assigner sizes its image chunks for
 
 
 class TaskAlignedAssigner:
@@ -46,7 +47,10 @@ class TaskAlignedAssigner:
                 torch.zeros_like(pd_scores),
                 torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device),
             )
-        step = max(1, self.max_elements // (n * anchors.shape[0]))
+        # compiled, the box count is symbolic: chunking by it would guard on it and recompile the loss whenever a
+        # batch's count changes the chunks, so the chunks are sized for a fixed count (memory grows with the count)
+        sized_for = COMPILED_CHUNK_BOXES if torch.compiler.is_compiling() else n
+        step = max(1, self.max_elements // (sized_for * anchors.shape[0]))
         if step >= b:
             return self._assign(pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt)
         out = (

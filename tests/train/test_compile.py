@@ -150,6 +150,32 @@ def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
     assert counters["stats"]["unique_graphs"] == 1
 
 
+def test_compiled_loss_chunks_the_assigner_without_recompiling_for_more_boxes():
+    """At big batches the assigner goes through the images in chunks; chunked by the symbolic box count, each new
+    count that changed the chunks recompiled the loss (seen on the H200 as a second compile mid-epoch). Here the
+    chunks are forced small, so box counts padded to 64, 128 and 256 would each chunk differently."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.loss import COMPILED_CHUNK_BOXES, DetectionLoss
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    preds = model(torch.rand(4, 3, 64, 64))
+    anchors = sum(f.shape[2] * f.shape[3] for f in loss_fn.heads(preds)[0])
+    loss_fn.assigner.max_elements = COMPILED_CHUNK_BOXES * anchors * 2  # two images per chunk when compiled
+    net = CompiledLoss(loss_fn, backend="eager")
+    for boxes in (3, 100, 200):  # all in the first image: capacities 64, 128, 256, eagerly 4, 2 and 1 images a chunk
+        rows = torch.cat([torch.zeros(boxes, 1), torch.randint(0, 3, (boxes, 1)),
+                          torch.rand(boxes, 2) * 0.6 + 0.2, torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+        got, want = net(preds, rows), loss_fn(preds, rows)
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_cache_counts_tell_a_cold_compile_from_a_warm_one(monkeypatch, tmp_path):
     """What the first epoch's row reports: misses when inductor compiles into an empty cache, hits only when the
     same graph comes again from it (here after dynamo forgets its compiled code, as a new process would)."""
