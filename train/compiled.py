@@ -119,7 +119,7 @@ AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold c
 def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int | None = None) -> str:
     """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
     runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). The first step
-    comes after a minute and a half on a machine that never compiled it (less from the cache), so a short run
+    comes after a minute and a half on a machine that never compiled it (half a minute from the cache), so a short run
     trains uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under
     torchrun (not measured there)."""
     if mode != "auto":

@@ -153,15 +153,15 @@ class TrainConfig:
     compile: Literal["auto", "off", "loss", "layers", "model"] = option(
         "auto",
         "torch.compile (inductor), cached in ~/.cache/yolov9/inductor so that a machine compiles a model and batch "
-        "once. 'loss': the loss and its assigner as one graph (eagerly thousands of small kernels per step) for any box"
-        " count: on an H200 18-29%% more images/s, the first step after about a minute and a half the first time "
-        "(compile, autotuning, capture), less from the cache. 'layers' (each layer its own region) and 'model' (one "
-        "graph) compile the forward and backward too, with the loss unless --no-compile-loss: BatchNorm, SiLU and "
-        "copies fused, a fifth to two fifths less GPU memory, but four to five minutes before the first step the first "
-        "time. 'auto' (default): 'loss' on one GPU for a run of at least 300,000 training images (epochs x images; a "
-        "shorter run does not earn back a cold compile), else 'off', and on the CPU and under torchrun, where compiling"
-        " was not measured to pay. Compiled for the first batch shape; a short last batch runs uncompiled; the compiled"
-        " kernels run inside the CUDA graphs. Numbers: docs/benchmarks.md",
+        "once. 'loss': the loss and its assigner as one graph (eagerly thousands of small kernels per step) for any "
+        "box count: on an H200 11-29%% more images/s, the first step after about a minute and a half the first time "
+        "(compile, autotuning, capture), about half a minute from the cache. 'layers' (each layer its own region) and"
+        " 'model' (one graph) compile the forward and backward too, with the loss unless --no-compile-loss: "
+        "BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory, but four to five minutes before the"
+        " first step the first time. 'auto' (default): 'loss' on one GPU for a run of at least 300,000 training "
+        "images (epochs x images; a shorter run does not earn back a cold compile), else 'off', and on the CPU and "
+        "under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a short last "
+        "batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: docs/benchmarks.md",
     )
     compile_loss: bool = option(
         True,
