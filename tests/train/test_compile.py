@@ -26,6 +26,12 @@ def _outputs(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _outputs(o)]
 
 
+def _boxes_in_first_image(boxes: int, nc: int) -> torch.Tensor:
+    """(boxes, 6) target rows (image 0, class, xywh) with every box in the first image, so the padded count grows."""
+    return torch.cat([torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1)), torch.rand(boxes, 2) * 0.6 + 0.2,
+                      torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+
+
 @pytest.mark.parametrize(("cfg", "mode"), [("gelan-t", "layers"), ("yolov9-t", "model")])
 def test_compiled_forward_traces_once_and_runs_other_shapes_uncompiled(cfg, mode):
     from torch._dynamo.utils import counters
@@ -137,8 +143,7 @@ def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
     net = CompiledLoss(loss_fn, backend="aot_eager")
     x = torch.rand(2, 3, 64, 64)
     for boxes in (3, 100):  # all in the first image: capacities 64 and 128
-        rows = torch.cat([torch.zeros(boxes, 1), torch.randint(0, 3, (boxes, 1)),
-                          torch.rand(boxes, 2) * 0.6 + 0.2, torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+        rows = _boxes_in_first_image(boxes, nc=3)
         grads = []
         for fn in (loss_fn, net):
             model.zero_grad()
@@ -168,8 +173,7 @@ def test_compiled_loss_chunks_the_assigner_without_recompiling_for_more_boxes():
     loss_fn.assigner.max_elements = COMPILED_CHUNK_BOXES * anchors * 2  # two images per chunk when compiled
     net = CompiledLoss(loss_fn, backend="eager")
     for boxes in (3, 100, 200):  # all in the first image: capacities 64, 128, 256, eagerly 4, 2 and 1 images a chunk
-        rows = torch.cat([torch.zeros(boxes, 1), torch.randint(0, 3, (boxes, 1)),
-                          torch.rand(boxes, 2) * 0.6 + 0.2, torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+        rows = _boxes_in_first_image(boxes, nc=3)
         got, want = net(preds, rows), loss_fn(preds, rows)
         torch.testing.assert_close(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
