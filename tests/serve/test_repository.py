@@ -52,7 +52,8 @@ def test_preferred_batch_sizes(checkpoint, tmp_path):
     assert default.max_batch_size == 32 and list(default.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
     assert [g.count for g in default.instance_group] == [2]  # one batching instance can stall a request 0.5 s
     none = read_config(build_repo(checkpoint, tmp_path, RepoConfig(max_batch=16, preferred_batch=[])))
-    assert not none.dynamic_batching.preferred_batch_size and none.dynamic_batching.max_queue_delay_microseconds
+    assert not none.dynamic_batching.preferred_batch_size and none.HasField("dynamic_batching")
+    assert none.dynamic_batching.max_queue_delay_microseconds == RepoConfig().queue_delay_us
     cfg = (
         build_repo(checkpoint, tmp_path, RepoConfig(max_batch=16, preferred_batch=[8, 16])) / "config.pbtxt"
     ).read_text()
