@@ -126,7 +126,7 @@ def train_one_epoch(
     mloss = torch.zeros(3, device=device)
     state.optimizer.zero_grad(set_to_none=not step.graphs)  # a captured backward owns the gradients
     bad_losses = torch.zeros((), dtype=torch.int64, device=device)  # read once, after the epoch
-    t_epoch, t_wait, seen, first_step = time.perf_counter(), 0.0, 0, 0.0
+    t_epoch, t_wait, seen, first_step, first_batch = time.perf_counter(), 0.0, 0, 0.0, 0.0
     bar = tqdm(total=plan.batches, desc=f"epoch {epoch + 1}/{plan.epochs}", dynamic_ncols=True, disable=not dist.main)
     with bar:
         for i in range(plan.batches):
@@ -148,7 +148,7 @@ def train_one_epoch(
             if i == 0:  # capture and compilation happen here: worth one synchronisation per epoch to see them
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                first_step = time.perf_counter() - t_epoch
+                first_step, first_batch = time.perf_counter() - t_epoch, t_wait
             if dist.main and (i % 10 == 0 or i == plan.batches - 1):
                 el = time.perf_counter() - t_epoch
                 b, c, dfl = mloss.tolist()
@@ -170,4 +170,5 @@ def train_one_epoch(
         "images_per_s": seen / el,
         "data_wait": t_wait / el,
         "first_step_s": first_step,
+        "first_batch_s": first_batch,  # of first_step_s: waiting for the loader's first batch
     }

@@ -77,6 +77,8 @@ def _device_line(device: torch.device) -> str:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
+        # seconds from the process's start to each stage of the set-up, for the first epoch's row
+        self.startup = {"imports": _seconds_since_process_start()}
         self.resume_ck = None
         if cfg.resume:
             cfg, self.resume_ck = resume_config(cfg)
@@ -93,6 +95,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         self.amp_dtype = amp_dtype(cfg.amp, self.device)
         self._datasets()
+        self.startup["datasets"] = _seconds_since_process_start()
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -103,6 +106,7 @@ class Trainer:
         if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
+        self.startup["model"] = _seconds_since_process_start()
 
     def _notes(self, filled: list[str]) -> None:
         cfg = self.cfg
@@ -233,6 +237,7 @@ class Trainer:
     def fit(self) -> dict:
         cfg, main = self.cfg, self.main
         self._setup()
+        self.startup["step_setup"] = _seconds_since_process_start()
         epoch = self.state.epoch + 1
         loader = self._loader(epoch)
         val_loader, log, self.writer = None, None, CheckpointWriter()
@@ -267,6 +272,12 @@ class Trainer:
                 self.state.epoch = epoch
                 if first_epoch:  # what a user waits before training starts: caching, capture, compilation
                     row["start_to_first_step_s"] = started + row["first_step_s"]
+                    row["startup_s"] = {  # a timeline: each stage's end, in seconds from the process's start
+                        **{k: round(v, 2) for k, v in self.startup.items()},
+                        "epoch_start": round(started, 2),
+                        "first_batch": round(started + row["first_batch_s"], 2),
+                        "first_step": round(row["start_to_first_step_s"], 2),
+                    }
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
                     first_epoch = False
@@ -297,9 +308,10 @@ class Trainer:
         """Rank 0: validate the EMA model (when val_loader is given), checkpoint, write the log row."""
         fitness = -1.0
         if val_loader is not None:
+            t0 = time.perf_counter()
             res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final)
-            keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl")
-            row.update({k: res[k] for k in keys if k in res})
+            keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl", "detections", "score_s")
+            row.update({k: res[k] for k in keys if k in res}, val_s=time.perf_counter() - t0)
             fitness = 0.1 * res["map50"] + 0.9 * res["map"]
             if final:
                 self.final = res
@@ -309,7 +321,9 @@ class Trainer:
         meta.update(img_size=self.cfg.img, epochs=self.cfg.epochs, cfg=self.cfg.cfg)
         write_best = improved or (final and not self.best_written)  # a run without validation keeps its last
         self.best_written |= write_best
+        t0 = time.perf_counter()  # waiting for the previous epoch's checkpoint, then copying this one to the host
         self.writer.submit(epoch_checkpoints(self.dir, self.state, self.cfg, meta, write_best))
+        row["checkpoint_s"] = time.perf_counter() - t0
         row = {**row, "epoch": epoch + 1}
         log.write(row)
         tqdm.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))

@@ -49,9 +49,19 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     ):
         assert (run / f).exists(), f
     assert "map" in rows[-1] and 0.0 <= rows[-1]["map"] <= 1.0
+    # each epoch's end costs: validation (with its scoring, of so many detections) only where it ran, the checkpoint
+    assert rows[-1]["val_s"] > rows[-1]["score_s"] > 0 and rows[-1]["detections"] >= 0
+    assert all("val_s" not in r for r in rows[:-1]) and all(r["checkpoint_s"] >= 0 for r in rows)
     assert summary["skipped_steps"] == 0
     # the wait before training starts: the first epoch's first step, counted from the process's start
-    assert rows[0]["start_to_first_step_s"] > rows[0]["first_step_s"] > 0
+    assert rows[0]["start_to_first_step_s"] > rows[0]["first_step_s"] > rows[0]["first_batch_s"] > 0
+    # and where that wait went: the set-up's stages in order, ending at the first step
+    timeline = list(rows[0]["startup_s"].items())
+    assert [k for k, _ in timeline] == [
+        "imports", "datasets", "model", "step_setup", "epoch_start", "first_batch", "first_step"
+    ]  # fmt: skip
+    assert all(a <= b for (_, a), (_, b) in zip(timeline, timeline[1:])), timeline
+    assert timeline[-1][1] == round(rows[0]["start_to_first_step_s"], 2)
     assert all("start_to_first_step_s" not in r and r["first_step_s"] > 0 for r in rows[1:])
     assert "compile_cache_misses" not in rows[0]  # nothing compiled on the CPU by default
 
