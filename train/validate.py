@@ -167,6 +167,8 @@ def evaluate(
     seconds = time.perf_counter() - t0
     res, ev = score(ds, shapes, dets)
     res["images_per_s"] = len(shapes) / max(seconds, 1e-9)
+    # what scoring costs beside the pass: it grows with the detections (up to max_det per image early in training)
+    res.update(detections=len(dets), score_s=time.perf_counter() - t0 - seconds)
     if losses:
         res.update(zip(("val_box", "val_cls", "val_dfl"), torch.stack(losses).mean(0).tolist()))
     if plots:
@@ -204,15 +206,17 @@ def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[
         pred = gt.loadRes(np.array(dets, dtype=np.float64))
         ev = COCOeval(gt, pred, "bbox")
         ev.params.imgIds = sorted(shapes)
+        # only what is reported: every area at COCO's 100 detections per image. pycocotools' default also matches
+        # the small/medium/large ranges and 1 and 10 detections, four times the matching for the same two numbers
+        ev.params.areaRng, ev.params.areaRngLbl, ev.params.maxDets = [[0, 1e10]], ["all"], [100]
         ev.evaluate()
         ev.accumulate()
-        ev.summarize()
     curves = pr_curves(ev)
-    result.update(map=float(ev.stats[0]), map50=float(ev.stats[1]))
+    prec = ev.eval["precision"][..., 0, 0]  # (IoU thresholds, recall points, classes); -1 where a class has no truth
+    result.update(map=_mean_ap(prec), map50=_mean_ap(prec[:1]))
     result.update(precision=curves["mean_p"], recall=curves["mean_r"])
-    prec = ev.eval["precision"]  # (iou thresholds, recall, classes, areas, max dets)
     for k, cat in enumerate(ev.params.catIds):
-        p, p50 = prec[:, :, k, 0, -1], prec[0, :, k, 0, -1]
+        p, p50 = prec[:, :, k], prec[0, :, k]
         if curves["instances"][k]:
             result["per_class"][ds.names[cat]] = {
                 "instances": int(curves["instances"][k]),
@@ -222,6 +226,12 @@ def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[
                 "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
             }
     return result, ev
+
+
+def _mean_ap(prec: np.ndarray) -> float:
+    """COCOeval.summarize's average precision: the mean over the entries that have ground truth."""
+    valid = prec[prec > -1]
+    return float(valid.mean()) if valid.size else 0.0
 
 
 def format_table(res: dict) -> str:

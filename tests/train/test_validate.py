@@ -1,0 +1,59 @@
+"""Scoring: `score` configures pycocotools to match only what it reports, and must give what its standard
+evaluation (all area ranges, 1/10/100 detections, `summarize`) gives."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import pytest
+from pycocotools.cocoeval import COCOeval
+
+from yolov9.train.data.dataset import DetectionDataset
+from yolov9.train.data.formats import load_split, resolve_data
+from yolov9.train.validate import coco_ground_truth, score
+
+
+def _detections(ds: DetectionDataset, shapes: dict, rng: np.random.Generator) -> list[list[float]]:
+    """Jittered copies of each true box (some with a wrong class) and 150 random boxes of every size per image,
+    all of one class present there: past COCO's 100 per image and class, so the area ranges and the detection limit
+    both matter."""
+    dets = []
+    for i, (h, w) in shapes.items():
+        crowded = int(ds.labels[i][0, 0]) if len(ds.labels[i]) else 0
+        for c, x, y, bw, bh in ds.labels[i].tolist():
+            for _ in range(2):
+                j = rng.normal(0, 0.08, 4)
+                cls = c if rng.uniform() < 0.8 else rng.integers(len(ds.names))
+                x0, y0 = (x - bw / 2 + j[0] * bw) * w, (y - bh / 2 + j[1] * bh) * h
+                box = [x0, y0, bw * w * (1 + j[2]), bh * h * (1 + j[3])]
+                dets.append([i, *box, rng.uniform(0.05, 0.95), int(cls)])
+        for _ in range(150):
+            x0, y0 = rng.uniform(0, 0.9, 2) * (w, h)
+            dets.append([i, x0, y0, *(rng.uniform(4, 300, 2)), rng.uniform(0.001, 0.6), crowded])
+    return dets
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_score_equals_pycocotools_standard_summary(coco48, seed):
+    ds = DetectionDataset(load_split(resolve_data(str(coco48)), "val"), 320, desc="val")
+    shapes = {i: (480, 640) for i in range(len(ds.labels))}
+    dets = _detections(ds, shapes, np.random.default_rng(seed))
+    res, _ = score(ds, shapes, dets)
+
+    gt = coco_ground_truth(ds, shapes)
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = COCOeval(gt, gt.loadRes(np.array(dets, dtype=np.float64)), "bbox")
+        ev.params.imgIds = sorted(shapes)
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    assert 0.05 < ev.stats[0] < 0.95  # a score that the configuration could get wrong
+    assert res["map"] == pytest.approx(ev.stats[0], abs=1e-12)
+    assert res["map50"] == pytest.approx(ev.stats[1], abs=1e-12)
+    prec = ev.eval["precision"][:, :, :, 0, -1]  # every area, 100 detections
+    for k, cat in enumerate(ev.params.catIds):
+        if ds.names[cat] in res["per_class"]:
+            p = prec[:, :, k]
+            assert res["per_class"][ds.names[cat]]["ap"] == pytest.approx(p[p > -1].mean(), abs=1e-12)
