@@ -15,7 +15,9 @@ without compiling again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -90,15 +92,33 @@ class CompiledForward(nn.Module):
         return run_layers(self.model.model, calls, self.model.save, x) if self.mode == "layers" else calls(x)
 
 
+# Held by a background compile for as long as it runs: a CUDA graph capture (graphed_step.py) takes it first and
+# waits for a later step when it cannot, as a capture could be broken by another thread's compile and kernel loads.
+COMPILE_LOCK = threading.Lock()
+
+
 class CompiledLoss:
     """Call like the `DetectionLoss` it wraps; `DetectionLoss.terms` compiled as one graph (fullgraph: a graph
-    break would mean a host synchronisation, which the captured step cannot take)."""
+    break would mean a host synchronisation, which the captured step cannot take).
 
-    def __init__(self, loss: DetectionLoss, backend: str = "inductor"):
+    With `background`, calls run the uncompiled loss until `start_background()` (after the first step) has compiled
+    the graph in a thread, on copies of the first call's inputs (its forward and backward, so nothing is left to
+    compile at the first compiled call); `version` then changes, which tells a captured step to capture again."""
+
+    def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False):
         _configure()
         self.loss = loss
         self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
         self.key: tuple | None = None  # the prediction shapes that run compiled
+        self.background, self.version = background, 0
+        self._example: tuple | None = None  # the first call's inputs, for a background compile
+        self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why a background compile failed (the loss then stays uncompiled)
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls of the compiled shapes run the compiled graph."""
+        return not self.background or self.version > 0
 
     def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
         heads = self.loss.heads(preds)
@@ -109,8 +129,51 @@ class CompiledLoss:
             return self.loss(preds, targets, padded)
         gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
         gt = pad_to(gt, target_capacity(gt.shape[1]))
+        if not self.ready:
+            if self._example is None:
+                self._example = ([[f.detach().clone() for f in feats] for feats in heads], gt.clone())
+            return self.loss(heads, gt, padded=True)
         torch._dynamo.mark_dynamic(gt, 1)  # the box count is symbolic: one compile serves every capacity of a run
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
+
+    def start_background(self) -> None:
+        """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
+        if self.background and self._thread is None and self._example is not None:
+            self._thread = threading.Thread(target=self._compile, name="compile-loss", daemon=True)
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile; True once it has finished (or none was started)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _compile(self) -> None:
+        heads, gt = self._example
+        stream = torch.cuda.Stream(gt.device) if gt.device.type == "cuda" else None
+        with COMPILE_LOCK:
+            try:
+                if stream is not None:  # the copies were made on the training's stream
+                    torch.cuda.synchronize(gt.device)
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    heads = [[f.clone().requires_grad_() for f in feats] for feats in heads]
+                    torch._dynamo.mark_dynamic(gt, 1)
+                    self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
+                if stream is not None:
+                    stream.synchronize()
+                self.version += 1
+            except Exception as e:  # the run goes on with the uncompiled loss
+                self.failure = _first_cause(e)
+            finally:
+                self._example = None
+
+
+def _first_cause(e: BaseException) -> str:
+    """The innermost cause of an error in one line (torch.compile wraps a backend's error in its own)."""
+    while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None:
+        e = inner
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__
 
 
 AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold compile of the loss (benchmarks.md)
@@ -138,6 +201,9 @@ def loss_compiled(mode: str, enabled: bool = True) -> bool:
     return mode == "loss" or (mode in FORWARD_MODES and enabled)
 
 
-def compiled_loss(loss: DetectionLoss, mode: str, enabled: bool = True) -> DetectionLoss | CompiledLoss:
-    """The loss the training step runs: `CompiledLoss` where `loss_compiled` says so, else the loss itself."""
-    return CompiledLoss(loss) if loss_compiled(mode, enabled) else loss
+def compiled_loss(
+    loss: DetectionLoss, mode: str, enabled: bool = True, background: bool = False
+) -> DetectionLoss | CompiledLoss:
+    """The loss the training step runs: `CompiledLoss` where `loss_compiled` says so (compiled in the background
+    with `background`), else the loss itself."""
+    return CompiledLoss(loss, background=background) if loss_compiled(mode, enabled) else loss

@@ -168,6 +168,12 @@ class TrainConfig:
         "with --compile layers or model, also compile the loss and its assigner as one graph; --no-compile-loss "
         "compiles the model only",
     )
+    compile_background: bool = option(
+        False,
+        "compile the loss in a background thread: the first steps train with the uncompiled loss (captured, so the "
+        "thread takes little from them) and the compiled one takes over when ready, so the first step does not wait "
+        "for the compile; not yet measured on a GPU, hence off by default",
+    )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
 

@@ -15,7 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolov9.train import distributed
-from yolov9.train.compiled import compiled, compiled_loss
+from yolov9.train.compiled import CompiledLoss, compiled, compiled_loss
 from yolov9.train.config import Hyp
 from yolov9.train.data.dataset import Batch
 from yolov9.train.distributed import DistContext
@@ -33,7 +33,7 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
         self.model, self.net, self.optimizer = model, net, optimizer
-        self.loss_fn = compiled_loss(loss_fn, opts.compile, opts.compile_loss)
+        self.loss_fn = compiled_loss(loss_fn, opts.compile, opts.compile_loss, opts.compile_background)
         self.scaler, self.ema, self.opts = scaler, ema, opts
         self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
         self.reset()
@@ -52,10 +52,15 @@ class TrainStep:
 
     def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
         if self.graphed is not None:
-            return self.graphed(imgs, targets)
-        ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
-        with self.net.no_sync() if ddp_local else contextlib.nullcontext():
-            return forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
+            out = self.graphed(imgs, targets)
+        else:
+            ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
+            with self.net.no_sync() if ddp_local else contextlib.nullcontext():
+                out = forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
+        # a background compile of the loss starts once the uncompiled step runs at full speed: after its capture
+        if isinstance(self.loss_fn, CompiledLoss) and (self.graphed is None or self.graphed.graph is not None):
+            self.loss_fn.start_background()
+        return out
 
     def step(self) -> torch.Tensor:
         if self.graphed_opt is not None:

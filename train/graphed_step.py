@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from yolov9.train.compiled import COMPILE_LOCK
 from yolov9.train.data.targets import target_capacity
 from yolov9.train.ema import ModelEMA
 from yolov9.train.loss import DetectionLoss
@@ -55,10 +56,14 @@ class GraphedStep:
         self.captures = 0
         self.side = torch.cuda.Stream(self.device)  # one stream for every warm-up step (autograd expects so)
         self.eager_only = False  # set when a capture ran out of memory
+        self.loss_version = getattr(loss_fn, "version", 0)  # a loss compiled in the background changes it
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor):
         if self.eager_only or (self.imgs is not None and imgs.shape != self.imgs.shape):
             return self._eager(imgs, targets)  # e.g. an epoch's short last batch
+        if getattr(self.loss_fn, "version", 0) != self.loss_version:  # the compiled loss is ready: warm up anew
+            self.loss_version = self.loss_fn.version
+            self.graph, self.out, self.eager_calls = None, None, 0
         n = targets.shape[1]
         if self.targets is None or n > self.targets.shape[1]:
             self._buffers(imgs, target_capacity(n))
@@ -69,7 +74,13 @@ class GraphedStep:
             if self.eager_calls < self.warmup:
                 self.eager_calls += 1
                 return self._side_stream()
-            if not self._capture():
+            if not COMPILE_LOCK.acquire(blocking=False):  # a background compile runs: capture at a later step
+                return self._side_stream()
+            try:
+                captured = self._capture()
+            finally:
+                COMPILE_LOCK.release()
+            if not captured:
                 return self._eager(imgs, targets)
         self.graph.replay()
         return self.out
@@ -153,7 +164,12 @@ class GraphedOptimizerStep:
                 self.lrs[i].fill_(g["lr"])
                 self.lr_values[i] = g["lr"]
         if self.graph is None:
-            self._capture()
+            if not COMPILE_LOCK.acquire(blocking=False):  # a background compile runs: capture at a later step
+                return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.clip, keep_grads=True)
+            try:
+                self._capture()
+            finally:
+                COMPILE_LOCK.release()
         else:
             self.graph.replay()
         if self.ema is not None:

@@ -21,7 +21,7 @@ from yolov9.core.checkpoint import read_checkpoint
 from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
-from yolov9.train.compiled import FORWARD_MODES, cache_counts, loss_compiled, resolve_mode
+from yolov9.train.compiled import FORWARD_MODES, CompiledLoss, cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import TrainConfig
 from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
 from yolov9.train.data.formats import load_split, require_boxes, resolve_data
@@ -214,8 +214,9 @@ class Trainer:
         cfg, st = self.cfg, self.state
         mode = resolve_mode(cfg.compile, self.device, self.dist.active, cfg.epochs * len(self.train_ds))
         opts = StepOptions(
-            self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss
-        )
+            self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
+            cfg.compile_background,
+        )  # fmt: skip
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
         if cfg.cuda_graph and self.dist.active and self.main:
@@ -281,6 +282,7 @@ class Trainer:
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
                     first_epoch = False
+                self._background_compile(row)
                 row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
                 if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
                     row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
@@ -295,6 +297,17 @@ class Trainer:
         if not main:
             return {"run_dir": None, "rank": self.dist.rank}
         return self._finish(log, monitor)
+
+    def _background_compile(self, row: dict) -> None:
+        """With --compile-background: whether the compiled loss has taken over (and torch.compile's counts so far),
+        and once, why its compile failed."""
+        loss = self.step.loss_fn
+        if not (isinstance(loss, CompiledLoss) and loss.background):
+            return
+        row.update(loss_compiled=loss.ready, **cache_counts())
+        if loss.failure and self.main and not getattr(self, "_failure_noted", False):
+            self._failure_noted = True
+            tqdm.write(f"note: compiling the loss in the background failed ({loss.failure}); it stays uncompiled")
 
     def _plotting(self, batches, epoch: int):
         """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
@@ -342,7 +355,8 @@ class Trainer:
         graphs = "on" if self.step.graphs else "off"
         mode = self.step.opts.compile
         parts = [mode] if mode in FORWARD_MODES else []
-        parts += ["loss"] if loss_compiled(mode, cfg.compile_loss) else []
+        if loss_compiled(mode, cfg.compile_loss):
+            parts += ["loss, in the background" if cfg.compile_background else "loss"]
         compiled = f", compiled ({' and '.join(parts)})" if parts else ""
         if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) == "loss":
             compiled = ", not compiled (a short run; --compile loss compiles the loss)"

@@ -204,3 +204,60 @@ def test_cache_counts_tell_a_cold_compile_from_a_warm_one(monkeypatch, tmp_path)
     torch.compile(f, backend="inductor")(x)
     warm = cache_counts()
     assert warm["compile_cache_misses"] == 0 and warm["compile_cache_hits"] >= 1
+
+
+def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compiled():
+    """Until the thread's compile is done every call runs the uncompiled loss, also while the thread traces the same
+    code; then calls run the graph compiled there (no second compile in the calling thread) with the same loss
+    and gradients."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.loss import DetectionLoss
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, backend="aot_eager", background=True)
+    x, rows = torch.rand(2, 3, 64, 64), _boxes_in_first_image(5, nc=3)
+
+    def check() -> None:
+        model.zero_grad()
+        got = net(model(x), rows)
+        got[0].backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad()
+        want = loss_fn(model(x), rows)
+        want[0].backward()
+        torch.testing.assert_close(got[1], want[1])
+        for g, w in zip(grads, [p.grad for p in model.parameters() if p.grad is not None], strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+    check()
+    assert not net.ready and net.version == 0 and counters["stats"]["unique_graphs"] == 0
+    net.start_background()
+    while not net.wait(timeout=0):  # the uncompiled loss beside the tracing thread
+        check()
+    assert net.failure is None and net.ready and net.version == 1
+    assert counters["stats"]["unique_graphs"] == 1
+    check()
+    assert counters["stats"]["unique_graphs"] == 1  # the thread's graph serves this thread
+
+
+def test_a_failed_background_compile_leaves_the_loss_uncompiled():
+    from yolov9.train.loss import DetectionLoss
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    torch._dynamo.reset()
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, backend=broken, background=True)
+    x, rows = torch.rand(2, 3, 64, 64), _boxes_in_first_image(5, nc=3)
+    net(model(x), rows)
+    net.start_background()
+    assert net.wait(timeout=120)
+    assert not net.ready and "no compiler here" in net.failure
+    torch.testing.assert_close(net(model(x), rows)[0], loss_fn(model(x), rows)[0])

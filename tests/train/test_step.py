@@ -296,6 +296,22 @@ def test_compiled_captured_micro_batch_matches_eager_at_the_same_weights(mode, d
     Gradients are compared per layer by direction and size: at random weights the assigner's top-k meets near
     ties, so rounding alone moves single entries (a compiled loss against the eager one: 2e-3 in the first
     layer's weight gradient, measured); a lost gradient path shows as a layer pointing elsewhere or vanishing."""
+    step = _compare_micro_batches(StepOptions(compile=mode))
+    assert step.graphed.captures == 2
+
+
+@needs_cuda
+def test_loss_compiled_in_the_background_takes_over_the_captured_step(deterministic_cudnn):
+    """--compile-background: the first capture holds the uncompiled loss; the compile starts after it, the
+    captured step waits for it to capture again (here the test waits for the compile after the fourth batch),
+    and every batch, before and after, matches eager."""
+    step = _compare_micro_batches(StepOptions(compile="loss", compile_background=True), wait_after=3)
+    assert step.loss_fn.failure is None and step.loss_fn.ready and step.loss_fn.version == 1
+    assert step.graphed.captures == 2  # the uncompiled loss's, then the compiled one's (with room for 300 boxes)
+
+
+def _compare_micro_batches(opts: StepOptions, wait_after: int | None = None):
+    """The step's micro-batches against eager ones at the same weights (see the test above); returns the step."""
     from yolov9.core.model import DetectionModel
     from yolov9.train.compiled import compiled
     from yolov9.train.engine import TrainStep
@@ -307,12 +323,14 @@ def test_compiled_captured_micro_batch_matches_eager_at_the_same_weights(mode, d
     model = copy.deepcopy(eager)
     scaler, loss_fn = make_scaler(dev, None), DetectionLoss.for_model(eager)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    step = TrainStep(model, compiled(model, mode), loss_fn, opt, scaler, None, StepOptions(compile=mode))
+    step = TrainStep(model, compiled(model, opts.compile), loss_fn, opt, scaler, None, opts)
     data = _Batches(16, _PLAN)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, pin_memory=True)
     for i, (imgs, targets) in enumerate(loader):
         _, want = forward_backward(eager, imgs, targets, loss_fn, scaler)
         _, got = step.micro(imgs, targets)
+        if i == wait_after:
+            assert step.loss_fn.wait(timeout=600), "the background compile did not finish in 10 minutes"
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
         wants, gots = _layer_gradients(eager), _layer_gradients(model)
         assert wants.keys() == gots.keys()
@@ -324,4 +342,4 @@ def test_compiled_captured_micro_batch_matches_eager_at_the_same_weights(mode, d
         for p in (*model.parameters(), *eager.parameters()):
             if p.grad is not None:
                 p.grad.zero_()
-    assert step.graphed.captures == 2
+    return step

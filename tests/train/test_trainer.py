@@ -357,3 +357,17 @@ def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(tmp_path):
         [sys.executable, "-m", "yolov9", "info", str(tmp_path / "none.pt")], capture_output=True, text=True
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_loss_compiled_in_the_background_takes_over_within_the_run(subset, tmp_path, monkeypatch):
+    """--compile loss --compile-background with inductor's own compile (C++ on the CPU): training starts with the
+    uncompiled loss, each row says whether the compiled one has taken over, and the compile ends in a compiled
+    loss (waited for here: on two cores it may outlast the short run)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    trainer = Trainer(_cfg(subset, tmp_path, epochs=3, name="bg", compile="loss", compile_background=True))
+    summary = trainer.fit()
+    rows = _rows(summary["run_dir"])
+    assert [r["loss_compiled"] for r in rows] == sorted(r["loss_compiled"] for r in rows)  # once on, it stays on
+    assert rows[0]["loss_compiled"] is False  # the first epoch did not wait for the compile
+    loss = trainer.step.loss_fn
+    assert loss.wait(timeout=600) and loss.failure is None and loss.ready
