@@ -103,7 +103,8 @@ class CompiledLoss:
 
     With `background`, calls run the uncompiled loss until `start_background()` (after the first step) has compiled
     the graph in a thread, on copies of the first call's inputs (its forward and backward, so nothing is left to
-    compile at the first compiled call); `version` then changes, which tells a captured step to capture again."""
+    compile at the first compiled call), and `take_over()` (between steps) has switched to it; `version` then
+    changes, which tells a captured step to capture again."""
 
     def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False):
         _configure()
@@ -113,6 +114,7 @@ class CompiledLoss:
         self.background, self.version = background, 0
         self._example: tuple | None = None  # the first call's inputs, for a background compile
         self._thread: threading.Thread | None = None
+        self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the loss then stays uncompiled)
 
     @property
@@ -142,6 +144,13 @@ class CompiledLoss:
             self._thread = threading.Thread(target=self._compile, name="compile-loss", daemon=True)
             self._thread.start()
 
+    def take_over(self) -> bool:
+        """Switch to the graph a finished background compile left; call between steps, never inside a capture
+        (the thread itself does not switch: it could land in the middle of one). Returns `ready`."""
+        if self._compiled and self.version == 0:
+            self.version = 1
+        return self.ready
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a background compile; True once it has finished (or none was started)."""
         if self._thread is not None:
@@ -161,7 +170,7 @@ class CompiledLoss:
                     self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
                 if stream is not None:
                     stream.synchronize()
-                self.version += 1
+                self._compiled = True
             except Exception as e:  # the run goes on with the uncompiled loss
                 self.failure = _first_cause(e)
             finally:

@@ -51,6 +51,9 @@ class TrainStep:
         return self.graphed.captures + self.graphed_opt.captures if self.graphs else 0
 
     def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
+        background = isinstance(self.loss_fn, CompiledLoss) and self.loss_fn.background
+        if background:  # a finished background compile takes over here, between steps
+            self.loss_fn.take_over()
         if self.graphed is not None:
             out = self.graphed(imgs, targets)
         else:
@@ -58,7 +61,7 @@ class TrainStep:
             with self.net.no_sync() if ddp_local else contextlib.nullcontext():
                 out = forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
         # a background compile of the loss starts once the uncompiled step runs at full speed: after its capture
-        if isinstance(self.loss_fn, CompiledLoss) and (self.graphed is None or self.graphed.graph is not None):
+        if background and (self.graphed is None or self.graphed.graph is not None):
             self.loss_fn.start_background()
         return out
 

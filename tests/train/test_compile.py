@@ -219,7 +219,15 @@ def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compil
     torch.manual_seed(0)
     model = DetectionModel("gelan-t", nc=3).train()
     loss_fn = DetectionLoss.for_model(model)
-    net = CompiledLoss(loss_fn, backend="aot_eager", background=True)
+    runs = []  # calls of the compiled graph
+
+    def counting(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        graph = aot_eager(gm, example_inputs)
+        return lambda *args: runs.append(1) or graph(*args)
+
+    net = CompiledLoss(loss_fn, backend=counting, background=True)
     x, rows = torch.rand(2, 3, 64, 64), _boxes_in_first_image(5, nc=3)
 
     def check() -> None:
@@ -235,14 +243,15 @@ def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compil
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
     check()
-    assert not net.ready and net.version == 0 and counters["stats"]["unique_graphs"] == 0
+    assert not net.ready and net.version == 0 and counters["stats"]["unique_graphs"] == 0 and not runs
     net.start_background()
     while not net.wait(timeout=0):  # the uncompiled loss beside the tracing thread
         check()
-    assert net.failure is None and net.ready and net.version == 1
-    assert counters["stats"]["unique_graphs"] == 1
+    assert net.failure is None and not net.ready  # compiled, not yet taken over (the training thread does that)
     check()
-    assert counters["stats"]["unique_graphs"] == 1  # the thread's graph serves this thread
+    assert counters["stats"]["unique_graphs"] == 1 and runs == [1] and net.take_over() and net.version == 1
+    check()
+    assert counters["stats"]["unique_graphs"] == 1 and runs == [1, 1]  # the thread's graph serves this thread
 
 
 def test_a_failed_background_compile_leaves_the_loss_uncompiled():
@@ -259,5 +268,5 @@ def test_a_failed_background_compile_leaves_the_loss_uncompiled():
     net(model(x), rows)
     net.start_background()
     assert net.wait(timeout=120)
-    assert not net.ready and "no compiler here" in net.failure
+    assert not net.take_over() and "no compiler here" in net.failure
     torch.testing.assert_close(net(model(x), rows)[0], loss_fn(model(x), rows)[0])

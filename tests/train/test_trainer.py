@@ -370,4 +370,4 @@ def test_a_loss_compiled_in_the_background_takes_over_within_the_run(subset, tmp
     assert [r["loss_compiled"] for r in rows] == sorted(r["loss_compiled"] for r in rows)  # once on, it stays on
     assert rows[0]["loss_compiled"] is False  # the first epoch did not wait for the compile
     loss = trainer.step.loss_fn
-    assert loss.wait(timeout=600) and loss.failure is None and loss.ready
+    assert loss.wait(timeout=600) and loss.failure is None and loss.take_over()
