@@ -12,7 +12,8 @@
 # per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
 # and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12; last,
 # Triton direct with each of QDELAYS (us) as the batcher's queue delay (ORDER: the recipe and queue-delay runs in
-# another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"). BEFORE (optional): a checkout of older code
+# another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"; "instances:N" serves with N model instances).
+# BEFORE (optional): a checkout of older code
 # (git archive a072e25 | tar -x -C .gpu/before), its gateway measured against the first Triton. Each step runs under
 # its own timeout, so one that fails costs its limit only.
 set -uo pipefail
@@ -66,7 +67,7 @@ start_gateway() {  # workers, log
 recipe() {  # decoder inside Triton
   local dec=$1
   yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_$dec" --kind gpu --instances 6 --max-batch 64 \
-    --queue-delay-us 1000 --decoder "$dec" > "$R/build_$dec.log" 2>&1
+    --decoder "$dec" > "$R/build_$dec.log" 2>&1
   SECONDS=0
   (yolov9 serve triton --repo "$R/repo_$dec" --mps --log "$R/triton_$dec.log" > "$R/triton_cmd_$dec.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($dec) ready: $? after ${SECONDS}s" >> "$R/steps.txt"
@@ -99,6 +100,18 @@ queue_delay() {  # microseconds
   (yolov9 serve triton --repo "$R/repo_q$q" --mps --log "$R/triton_q$q.log" > "$R/triton_cmd_q$q.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton (queue delay $q us) ready: $?" >> "$R/steps.txt"
   step 120 "lt_triton_q$q" $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64,160 --out "$R/lt_triton_q$q.json"
+  stop_stack
+}
+# fewer or more model instances at the default queue delay (0): Triton direct and the gateway near the knee
+instances() {  # count
+  local n=$1
+  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_i$n" --kind gpu --instances "$n" --max-batch 64 \
+    > "$R/build_i$n.log" 2>&1
+  (yolov9 serve triton --repo "$R/repo_i$n" --mps --log "$R/triton_i$n.log" > "$R/triton_cmd_i$n.log" 2>&1 &)
+  wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($n instances) ready: $?" >> "$R/steps.txt"
+  start_gateway 12 "$R/gateway_i$n.log"
+  step 120 "lt_triton_i$n" $LT --target triton --url 127.0.0.1:8001 --concurrency 8,64,160,256 --out "$R/lt_triton_i$n.json"
+  step 120 "lt_gateway_i$n" $LT --target gateway --concurrency 8,64,160,256 --out "$R/lt_gateway_i$n.json"
   stop_stack
 }
 ORDER=${ORDER:-$(for d in $DECODERS; do printf 'recipe:%s ' "$d"; done; for q in $QDELAYS; do printf 'queue_delay:%s ' "$q"; done)}
