@@ -61,7 +61,9 @@ class TrainStep:
             with self.net.no_sync() if ddp_local else contextlib.nullcontext():
                 out = forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
         # a background compile of the loss starts once the uncompiled step runs at full speed: after its capture
-        if background and (self.graphed is None or self.graphed.graph is not None):
+        # (or once it is known to run eagerly)
+        g = self.graphed
+        if background and (g is None or g.graph is not None or g.eager_only):
             self.loss_fn.start_background()
         return out
 
