@@ -114,6 +114,7 @@ class CompiledLoss:
         self.background, self.version = background, 0
         self._example: tuple | None = None  # the first call's inputs, for a background compile
         self._thread: threading.Thread | None = None
+        self._threads = 1  # the training thread's torch.get_num_threads(), for the compiling thread
         self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the loss then stays uncompiled)
 
@@ -141,6 +142,7 @@ class CompiledLoss:
     def start_background(self) -> None:
         """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
         if self.background and self._thread is None and self._example is not None:
+            self._threads = torch.get_num_threads()  # per thread: dynamo guards on it (a mismatch compiles again)
             self._thread = threading.Thread(target=self._compile, name="compile-loss", daemon=True)
             self._thread.start()
 
@@ -162,6 +164,7 @@ class CompiledLoss:
         stream = torch.cuda.Stream(gt.device) if gt.device.type == "cuda" else None
         with COMPILE_LOCK:
             try:
+                torch.set_num_threads(self._threads)
                 if stream is not None:  # the copies were made on the training's stream
                     torch.cuda.synchronize(gt.device)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():

@@ -34,7 +34,8 @@ class GraphedStep:
     the loss caches its constants), the next captures and replays; a batch of another shape runs eagerly, and one
     with more boxes than the captured target buffer holds warms up and captures again with room for it (a
     compiled loss meets the new box count in the warm-up, where any compile must happen: compiling inside a
-    capture breaks it)."""
+    capture breaks it). While a background compile holds COMPILE_LOCK no capture can run: a batch with more boxes
+    than the buffer then runs eagerly and the graph stays for the batches that fit."""
 
     def __init__(
         self,
@@ -66,6 +67,8 @@ class GraphedStep:
             self.graph, self.out, self.eager_calls = None, None, 0
         n = targets.shape[1]
         if self.targets is None or n > self.targets.shape[1]:
+            if self.graph is not None and COMPILE_LOCK.locked():  # no capture until a background compile ends:
+                return self._eager(imgs, targets)  # keep replaying the graph for the batches that fit
             self._buffers(imgs, target_capacity(n))
         self.imgs.copy_(imgs, non_blocking=True)
         self.targets.zero_()

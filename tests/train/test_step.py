@@ -187,6 +187,37 @@ def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
         torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
 
 
+@needs_cuda
+def test_more_boxes_during_a_background_compile_run_eagerly_and_keep_the_graph(deterministic_cudnn):
+    """While COMPILE_LOCK is held (a background compile) no capture can run: a batch with more boxes than the
+    captured buffer runs eagerly, the next one that fits replays the graph, and the new capacity is captured once
+    the lock is free. Every batch matches eager."""
+    from yolov9.train.compiled import COMPILE_LOCK
+    from yolov9.train.graphed_step import GraphedStep
+
+    eager, loss_fn, scaler = _gpu_setup(None)
+    graph_model = copy.deepcopy(eager)
+    graphed = GraphedStep(graph_model, loss_fn, scaler, warmup=1)
+    # boxes, whether the lock is held, captures after the batch
+    plan = [(2, False, 0), (2, False, 1), (90, True, 1), (3, True, 1), (90, False, 1), (90, False, 2), (4, False, 2)]
+    for i, (boxes, locked, captures) in enumerate(plan):
+        imgs, targets = _gpu_batch(i, boxes)
+        if locked:
+            COMPILE_LOCK.acquire()
+        try:
+            _, got = graphed(imgs, targets)
+            kept = graphed.targets.shape[1]
+        finally:
+            if locked:
+                COMPILE_LOCK.release()
+        _, want = forward_backward(eager, imgs, targets, loss_fn, scaler)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert graphed.captures == captures, f"batch {i}"
+        assert kept == (64 if i < 4 else 128), f"batch {i}: the buffer holds {kept} boxes"
+    for pa, pb in zip(eager.parameters(), graph_model.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5)
+
+
 class _Batches(torch.utils.data.Dataset):
     """Whole batches of random uint8 images and padded targets, `boxes[i]` per image in batch i (seeded by
     offset + i); the last is short if `short_last`. Served by a loader with workers and pinned memory, as in
