@@ -172,7 +172,8 @@ class TrainConfig:
         False,
         "compile the loss in a background thread: the first steps train with the uncompiled loss (captured, so the "
         "thread takes little from them) and the compiled one takes over when ready, so the first step does not wait "
-        "for the compile; not yet measured on a GPU, hence off by default",
+        "for the compile (cold start to the first step about 50 s instead of 111 s on an H200); off by default as the "
+        "first epochs run slower beside the compiling thread (docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
