@@ -114,7 +114,6 @@ class CompiledLoss:
         self.background, self.version = background, 0
         self._example: tuple | None = None  # the first call's inputs, for a background compile
         self._thread: threading.Thread | None = None
-        self._threads = 1  # the training thread's torch.get_num_threads(), for the compiling thread
         self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the loss then stays uncompiled)
 
@@ -142,8 +141,10 @@ class CompiledLoss:
     def start_background(self) -> None:
         """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
         if self.background and self._thread is None and self._example is not None:
-            self._threads = torch.get_num_threads()  # per thread: dynamo guards on it (a mismatch compiles again)
-            self._thread = threading.Thread(target=self._compile, name="compile-loss", daemon=True)
+            # the thread count is per thread in some builds and dynamo guards on it: the compiling thread takes the
+            # training thread's, or the training thread would compile again at the takeover
+            threads = torch.get_num_threads()
+            self._thread = threading.Thread(target=self._compile, args=(threads,), name="compile-loss", daemon=True)
             self._thread.start()
 
     def take_over(self) -> bool:
@@ -159,12 +160,12 @@ class CompiledLoss:
             self._thread.join(timeout)
         return self._thread is None or not self._thread.is_alive()
 
-    def _compile(self) -> None:
+    def _compile(self, threads: int) -> None:
         heads, gt = self._example
         stream = torch.cuda.Stream(gt.device) if gt.device.type == "cuda" else None
         with COMPILE_LOCK:
             try:
-                torch.set_num_threads(self._threads)
+                torch.set_num_threads(threads)
                 if stream is not None:  # the copies were made on the training's stream
                     torch.cuda.synchronize(gt.device)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():

@@ -206,7 +206,7 @@ def test_cache_counts_tell_a_cold_compile_from_a_warm_one(monkeypatch, tmp_path)
     assert warm["compile_cache_misses"] == 0 and warm["compile_cache_hits"] >= 1
 
 
-def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compiled():
+def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compiled(request):
     """Until the thread's compile is done every call runs the uncompiled loss, also while the thread traces the same
     code; then calls run the graph compiled there (no second compile in the calling thread) with the same loss
     and gradients."""
@@ -232,6 +232,7 @@ def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compil
     # dynamo guards on the thread count, per thread in some builds (the GPU box's): the compiling thread must take
     # the training thread's
     threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))  # restored for the other tests, pass or fail
     torch.set_num_threads(1 if threads > 1 else 2)
 
     def check() -> None:
@@ -256,7 +257,6 @@ def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compil
     assert counters["stats"]["unique_graphs"] == 1 and runs == [1] and net.take_over() and net.version == 1
     check()
     assert counters["stats"]["unique_graphs"] == 1 and runs == [1, 1]  # the thread's graph serves this thread
-    torch.set_num_threads(threads)
 
 
 def test_a_failed_background_compile_leaves_the_loss_uncompiled():
