@@ -34,13 +34,25 @@ AUTO_CUDA = "nvjpeg"
 NVIMGCODEC_PACKAGES = "nvidia-nvimgcodec-cu13 nvidia-nvjpeg"  # pip install yolov9-trt[gpu]
 
 
-def is_jpeg(data: bytes) -> bool:
+# encoded image bytes: a memoryview is a buffer owned by someone else (a Triton request's input), read in place
+Encoded = bytes | memoryview
+
+
+def is_jpeg(data: Encoded) -> bool:
     return data[:2] == b"\xff\xd8"
 
 
-def decode_cpu(data: bytes) -> torch.Tensor:
+def as_uint8(data: Encoded) -> torch.Tensor:
+    """The bytes as a 1-D uint8 tensor: a writable buffer is shared, not copied; immutable bytes are copied once
+    (torch writes nowhere, but refuses to wrap a read-only buffer without a warning)."""
+    if isinstance(data, memoryview) and not data.readonly:
+        return torch.frombuffer(data, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_cpu(data: Encoded) -> torch.Tensor:
     """torchvision's decoder, then PIL for what it refuses (truncated-but-readable JPEGs, palette PNGs)."""
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    raw = as_uint8(data)
     try:
         return torchvision.io.decode_image(raw, mode=torchvision.io.ImageReadMode.RGB)
     except Exception:
@@ -57,13 +69,13 @@ class CpuDecoder:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def decode_one(self, data: bytes) -> torch.Tensor | ImageError:
+    def decode_one(self, data: Encoded) -> torch.Tensor | ImageError:
         try:
             return decode_cpu(data).to(self.device)
         except ImageError as e:
             return e
 
-    def __call__(self, blobs: list[bytes]) -> list[torch.Tensor | ImageError]:
+    def __call__(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
         return [self.decode_one(b) for b in blobs]
 
 
@@ -79,14 +91,14 @@ class NvjpegDecoder(CpuDecoder):
         if isinstance(self._jpegs([_probe_jpeg()])[0], ImageError):
             raise Unavailable("the probe image did not decode")
 
-    def _jpegs(self, blobs: list[bytes]) -> list[torch.Tensor | ImageError]:
-        raws = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    def _jpegs(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
+        raws = [as_uint8(b) for b in blobs]
         try:
             return torchvision.io.decode_jpeg(raws, mode=torchvision.io.ImageReadMode.RGB, device=self.device)
         except Exception:  # one bad JPEG fails the batched call: decode them one by one instead
             return [self.decode_one(b) for b in blobs]
 
-    def __call__(self, blobs: list[bytes]) -> list[torch.Tensor | ImageError]:
+    def __call__(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
         return _split_jpegs(blobs, self._jpegs, self.decode_one)
 
 
@@ -125,14 +137,14 @@ class NvImageCodecDecoder(CpuDecoder):
         if isinstance(self._jpegs([_probe_jpeg()])[0], ImageError):
             raise Unavailable("the probe image did not decode (is libnvjpeg installed? pip install nvidia-nvjpeg)")
 
-    def _jpegs(self, blobs: list[bytes]) -> list[torch.Tensor | ImageError]:
+    def _jpegs(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         out: list[torch.Tensor | ImageError] = []
         for i in range(0, len(blobs), self.chunk):
             part = blobs[i : i + self.chunk]
             try:
                 images = self.decoder.decode(
-                    [self.nv.CodeStream(b) for b in part], params=self.params, cuda_stream=stream
+                    [self.nv.CodeStream(bytes(b)) for b in part], params=self.params, cuda_stream=stream
                 )
             except Exception:
                 images = [None] * len(part)
@@ -141,7 +153,7 @@ class NvImageCodecDecoder(CpuDecoder):
                 out.append(self.decode_one(data) if im is None else torch.as_tensor(im, device=self.device))
         return out
 
-    def __call__(self, blobs: list[bytes]) -> list[torch.Tensor | ImageError]:
+    def __call__(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
         return _split_jpegs(blobs, self._jpegs, self.decode_one)
 
 
@@ -186,7 +198,7 @@ def _pick(device: str, prefer: str) -> CpuDecoder:
 
 
 def decode_images(
-    blobs: list[bytes], device: str | torch.device = "cpu", decoder: CpuDecoder | None = None
+    blobs: list[Encoded], device: str | torch.device = "cpu", decoder: CpuDecoder | None = None
 ) -> list[torch.Tensor | ImageError]:
     """Several encoded images at once, header-checked first (size limit, format); a bad image yields its
     ImageError in place, so the others still decode."""

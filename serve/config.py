@@ -106,7 +106,11 @@ class LoadtestConfig:
         metavar="RESULT_JSON",
         type=str,
     )
-    triton_metrics: str | None = option(None, "Triton metrics URL to scrape (queue/compute time, batch)")
+    triton_metrics: str | None = option(
+        None,
+        "Triton metrics URL to scrape: its queue and compute time and batch size, and the model instances' time "
+        "per image by stage (instance_ms_per_image)",
+    )
     timeline: bool = option(
         False, "also write requests and errors per second over the run (for failover and roll-out runs) as PNG"
     )

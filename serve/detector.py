@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from yolov9.core.decode import decode_images, pick_decoder
+from yolov9.core.decode import Encoded, decode_images, pick_decoder
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.postprocess import postprocess_flat
 from yolov9.core.preprocess import ImageError, prepare_batch, to_input
@@ -20,7 +20,7 @@ from yolov9.export.engine import load_engine
 
 @dataclass
 class Request:
-    data: bytes
+    data: Encoded
     conf: float = CONF
     iou: float = IOU
     max_det: int = MAX_DET
@@ -107,8 +107,14 @@ class Detector:
         count) or the error that request's image raised (other requests in the batch still succeed).
 
         The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value.
-        `timings` (benchmarks only: it synchronises the GPU) accumulates seconds per stage."""
+        `timings` accumulates seconds per stage (decode, letterbox, engine, nms)."""
         lap = _Stopwatch(timings, self.device)
+        try:
+            return self._detect(requests, lap)
+        finally:
+            lap.close()
+
+    def _detect(self, requests: list[Request], lap: _Stopwatch) -> list[tuple[torch.Tensor, int] | ImageError]:
         results, ok, metas, pred = self.predict(requests, lap)
         if not ok:
             return results
@@ -138,17 +144,39 @@ class Detector:
 
 
 class _Stopwatch:
-    """Adds the seconds since the previous lap to timings[stage]; does nothing (and never syncs) without timings."""
+    """Adds each stage's seconds to timings[stage]; does nothing without timings. On a GPU the laps are CUDA events
+    on the current stream, read at close(), after the call's copy to the host has waited for them: the split costs
+    no synchronisation, so a served batch can be timed as it runs."""
 
     def __init__(self, timings: dict[str, float] | None, device: torch.device):
-        self.timings, self.cuda = timings, device.type == "cuda"
+        self.timings, self.device = timings, device
+        self.cuda = device.type == "cuda" and timings is not None
+        self.laps: list[tuple[str, torch.cuda.Event]] = []
         self.t = time.perf_counter()
+        if self.cuda:
+            self.start = self._event()
+
+    def _event(self) -> torch.cuda.Event:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(torch.cuda.current_stream(self.device))
+        return e
 
     def __call__(self, stage: str) -> None:
         if self.timings is None:
             return
         if self.cuda:
-            torch.cuda.synchronize()
+            self.laps.append((stage, self._event()))
+            return
         now = time.perf_counter()
         self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
         self.t = now
+
+    def close(self) -> None:
+        if not self.laps:
+            return
+        self.laps[-1][1].synchronize()
+        prev = self.start
+        for stage, e in self.laps:
+            self.timings[stage] = self.timings.get(stage, 0.0) + prev.elapsed_time(e) / 1000
+            prev = e
+        self.laps = []

@@ -161,7 +161,9 @@ TRITON_COUNTERS = (
     "nv_inference_queue_duration_us",
     "nv_inference_compute_infer_duration_us",
     "nv_inference_count",
+    "yolov9_execute_images",  # the images yolov9_execute_seconds{stage} covers (serve/triton/model.py)
 )
+STAGE_SECONDS = "yolov9_execute_seconds"
 
 
 def scrape_triton(url: str | None) -> dict[str, float]:
@@ -173,11 +175,15 @@ def scrape_triton(url: str | None) -> dict[str, float]:
         return {}
     from prometheus_client.parser import text_string_to_metric_families
 
-    # summed over models and instances; the parser names counter samples with a _total suffix Triton does not use
+    # summed over models and instances (stage seconds per stage, as "yolov9_execute_seconds:decode"); the parser
+    # names counter samples with a _total suffix Triton's own counters do not have
     out = dict.fromkeys(TRITON_COUNTERS, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name.removesuffix("_total")
+            if name == STAGE_SECONDS:
+                name = f"{name}:{sample.labels.get('stage')}"
+                out.setdefault(name, 0.0)
             if name in out:
                 out[name] += sample.value
     return out
@@ -270,6 +276,12 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
             )
         if d.get("nv_inference_exec_count"):
             row["triton_avg_batch"] = round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
+        if d.get("yolov9_execute_images"):  # where the model instances' time went, per image
+            row["instance_ms_per_image"] = {
+                k.split(":", 1)[1]: round(1000 * v / d["yolov9_execute_images"], 3)
+                for k, v in d.items()
+                if k.startswith(STAGE_SECONDS + ":")
+            }
     return row
 
 
@@ -282,7 +294,7 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         w = csv.DictWriter(f, fieldnames=keys, restval="")
         w.writeheader()
         for r in rows:
-            w.writerow({**{k: v for k, v in r.items() if k != "timeline"}, "errors": json.dumps(r["errors"])})
+            w.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items() if k != "timeline"})
     plot_runs([(f"{meta['target']} {meta['url']}", rows)], out.with_suffix(".png"))
     if any("timeline" in r for r in rows):
         plot_timeline(rows, out.with_name(out.stem + "_timeline.png"))

@@ -29,9 +29,12 @@ DUR=${DUR:-10}
 BENCH_DECODERS=${BENCH_DECODERS-nvimgcodec nvjpeg cpu}
 SIX_PROCS=${SIX_PROCS-nvimgcodec nvjpeg}
 CHECKS=${CHECKS:-1}  # 0: skip the GPU tests, the profile and the engine's val (already measured on this code)
+ENGINE=${ENGINE:-}   # an exported AOTI package to serve instead of training and exporting one
+IMAGES=${IMAGES:-}   # a folder of JPEGs to send instead of tiny_coco_val's and coco128's
+ICONC=${ICONC:-8,64,160,256}  # the loads of instances:N
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
-cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"
+if [ -n "$IMAGES" ]; then cp "$IMAGES"/*.jpg "$R/imgs/"; else cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"; fi
 step() { local t=$1 name=$2; shift 2; SECONDS=0; timeout "$t" "$@" >"$R/$name.log" 2>&1; echo "$name: exit $? in ${SECONDS}s" | tee -a "$R/steps.txt"; }
 stop_stack() {  # the next server needs the ports: wait until the old processes are gone
   pkill -f "serve.gateway.workers"; pkill -f "yolov9 serve triton"; pkill -f tritonserver
@@ -42,11 +45,13 @@ wait_url() { for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null && return 0; sl
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$R/gpu.txt"
 
 [ "$CHECKS" = 1 ] && step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/core/test_decode.py tests/core/test_boxes.py tests/serve/test_detector.py
-printf 'mosaic: 0.0\nmixup: 0.0\nscale: 0.2\ntranslate: 0.05\n' > "$R/light.yaml"
-step 300 train yolov9 train --data "$DATA/coco128" --cfg yolov9-s --img 640 --epochs "$EPOCHS" --batch 16 --hyp "$R/light.yaml" \
-  --close-mosaic 0 --cache ram --workers 12 --no-val --project "$R/runs" --name fit --exist-ok
-W=$R/runs/fit/weights/last.pt
-step 330 export yolov9 export aoti "$W" -o "$R/fl.pt2" --max-batch 64
+if [ -n "$ENGINE" ]; then cp "$ENGINE" "$R/fl.pt2"; cp "$ENGINE.json" "$R/fl.pt2.json"; else
+  printf 'mosaic: 0.0\nmixup: 0.0\nscale: 0.2\ntranslate: 0.05\n' > "$R/light.yaml"
+  step 300 train yolov9 train --data "$DATA/coco128" --cfg yolov9-s --img 640 --epochs "$EPOCHS" --batch 16 --hyp "$R/light.yaml" \
+    --close-mosaic 0 --cache ram --workers 12 --no-val --project "$R/runs" --name fit --exist-ok
+  W=$R/runs/fit/weights/last.pt
+  step 330 export yolov9 export aoti "$W" -o "$R/fl.pt2" --max-batch 64
+fi
 for d in $BENCH_DECODERS; do
   step 120 "bench_detector_$d" yolov9 bench detector "$R/fl.pt2" --images "$R/imgs" --batches 1,8,32,64 --iters 20 \
     --decoder "$d" --out "$R/bench_detector_$d.json"
@@ -110,8 +115,8 @@ instances() {  # count
   (yolov9 serve triton --repo "$R/repo_i$n" --mps --log "$R/triton_i$n.log" > "$R/triton_cmd_i$n.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($n instances) ready: $?" >> "$R/steps.txt"
   start_gateway 12 "$R/gateway_i$n.log"
-  step 120 "lt_triton_i$n" $LT --target triton --url 127.0.0.1:8001 --concurrency 8,64,160,256 --out "$R/lt_triton_i$n.json"
-  step 120 "lt_gateway_i$n" $LT --target gateway --concurrency 8,64,160,256 --out "$R/lt_gateway_i$n.json"
+  step 150 "lt_triton_i$n" $LT --target triton --url 127.0.0.1:8001 --concurrency "$ICONC" --out "$R/lt_triton_i$n.json"
+  step 150 "lt_gateway_i$n" $LT --target gateway --concurrency "$ICONC" --out "$R/lt_gateway_i$n.json"
   stop_stack
 }
 ORDER=${ORDER:-$(for d in $DECODERS; do printf 'recipe:%s ' "$d"; done; for q in $QDELAYS; do printf 'queue_delay:%s ' "$q"; done)}

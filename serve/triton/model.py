@@ -5,6 +5,7 @@ mis-shapes `pb_utils.Tensor(name, ndarray)` outputs under numpy 2."""
 
 import json
 import os
+import time
 
 import caller_path  # noqa: F401 (first: the caller's PYTHONPATH on sys.path)
 import torch
@@ -20,27 +21,59 @@ def _input(request, name):
     return None if t is None else torch.from_dlpack(t.to_dlpack())
 
 
-def _decoder_metrics(model: str, decoder: str):
-    """The decoder this instance uses, on Triton's metrics endpoint: yolov9_decoder_info{model, decoder} (instances
-    using it) and yolov9_decoded_images_total{model, decoder}. (families, counter), kept together: a metric whose
-    family is gone cannot be updated. None where the server has metrics off."""
-    try:
-        info = pb_utils.MetricFamily(
-            name="yolov9_decoder_info",
-            description="model instances decoding with this JPEG decoder",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        count = pb_utils.MetricFamily(
-            name="yolov9_decoded_images_total",
-            description="images decoded, by decoder",
-            kind=pb_utils.MetricFamily.COUNTER,
-        )
-        labels = {"model": model, "decoder": decoder}
-        instances = info.Metric(labels=labels)
-        instances.increment(1)
-        return (info, count, instances), count.Metric(labels=labels)
-    except Exception:
-        return None, None
+class _Metrics:
+    """This instance's series on Triton's metrics endpoint:
+    - yolov9_decoder_info{model, decoder}: instances decoding with that decoder;
+    - yolov9_decoded_images_total{model, decoder}: images taken in, counted per batch;
+    - yolov9_execute_seconds_total{model, stage}: seconds per stage of the batches (requests: reading the inputs;
+      decode, letterbox, engine, nms: the detector's, timed on the GPU's stream; responses: building the outputs),
+      and yolov9_execute_images_total{model}: the images those seconds cover. Each update is a message to the
+      server (about 25 us), so these two are added up here and sent together at most every FLUSH_S: divided one by
+      the other they give each stage's time per image.
+    Inert where the server has metrics off."""
+
+    FLUSH_S = 0.5
+    STAGES = ("requests", "decode", "letterbox", "engine", "nms", "responses")
+
+    def __init__(self, model: str, decoder: str):
+        self.pending, self.images, self.last = dict.fromkeys(self.STAGES, 0.0), 0, time.monotonic()
+        try:
+            families = [
+                pb_utils.MetricFamily(name=name, description=text, kind=getattr(pb_utils.MetricFamily, kind))
+                for name, text, kind in (
+                    ("yolov9_decoder_info", "model instances decoding with this JPEG decoder", "GAUGE"),
+                    ("yolov9_decoded_images_total", "images decoded, by decoder", "COUNTER"),
+                    ("yolov9_execute_seconds_total", "seconds the instances spent per stage of a batch", "COUNTER"),
+                    ("yolov9_execute_images_total", "images in the batches yolov9_execute_seconds covers", "COUNTER"),
+                )
+            ]
+        except Exception:
+            self.families = None
+            return
+        self.families = families  # kept: a metric whose family is gone cannot be updated
+        info, decoded, stages, images = families
+        info.Metric(labels={"model": model, "decoder": decoder}).increment(1)
+        self.decoded = decoded.Metric(labels={"model": model, "decoder": decoder})
+        self.stages = {k: stages.Metric(labels={"model": model, "stage": k}) for k in self.STAGES}
+        self.timed = images.Metric(labels={"model": model})
+
+    def add(self, images: int, seconds: dict[str, float]) -> None:
+        if self.families is None:
+            return
+        self.decoded.increment(images)
+        self.images += images
+        for k, v in seconds.items():
+            self.pending[k] += v
+        if time.monotonic() - self.last >= self.FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.families is None or not self.images:
+            return
+        for k, v in self.pending.items():
+            self.stages[k].increment(v)
+        self.timed.increment(self.images)
+        self.pending, self.images, self.last = dict.fromkeys(self.STAGES, 0.0), 0, time.monotonic()
 
 
 class TritonPythonModel:
@@ -68,12 +101,14 @@ class TritonPythonModel:
         threads = f", {torch.get_num_threads()} CPU threads" if kind == "CPU" else ""
         name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name
         print(f"{name}: decoder {decoder}{threads}")
-        self._metric_families, self.decoded = _decoder_metrics(args["model_name"], decoder)
+        self.metrics = _Metrics(args["model_name"], decoder)
 
     def execute(self, requests):
+        t0 = time.perf_counter()
         parsed = []
         for req in requests:
-            data = _input(req, "IMAGE").reshape(-1).cpu().numpy().tobytes()
+            # the encoded bytes are read where the request holds them: no copy before the decoder's
+            data = memoryview(_input(req, "IMAGE").reshape(-1).numpy())
             conf, iou = _input(req, "CONF"), _input(req, "IOU")
             max_det, classes = _input(req, "MAX_DET"), _input(req, "CLASSES")
             parsed.append(
@@ -85,10 +120,11 @@ class TritonPythonModel:
                     classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
                 )
             )
-        if self.decoded is not None:
-            self.decoded.increment(len(parsed))
+        seconds = {"requests": time.perf_counter() - t0}
+        results = self.detector(parsed, timings=seconds)
+        t1 = time.perf_counter()
         responses = []
-        for res in self.detector(parsed):
+        for res in results:
             if isinstance(res, Exception):
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
                 continue
@@ -98,7 +134,10 @@ class TritonPythonModel:
                 pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(torch.tensor([[n]], dtype=torch.int32))),
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=out))
+        seconds["responses"] = time.perf_counter() - t1
+        self.metrics.add(len(parsed), seconds)
         return responses
 
     def finalize(self):
-        self.detector = self.decoded = self._metric_families = None
+        self.metrics.flush()
+        self.detector = self.metrics = None

@@ -63,6 +63,11 @@ def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
         assert s["errors"] == {} and 0 < s["ok"] <= 60 and s["procs"] == min(2, s["concurrency"])
         assert "backend_p50_ms" not in s  # only the gateway reports its wait on Triton
     assert res["steps"][0]["triton_avg_batch"] == 1.0
+    # the model instances' own split of each image's time (serve/triton/model.py), over the same steps
+    for s in res["steps"]:
+        split = s["instance_ms_per_image"]
+        assert set(split) == {"requests", "decode", "letterbox", "engine", "nms", "responses"}, split
+        assert split["decode"] > 0 and split["engine"] > 0 and min(split.values()) >= 0, split
     # --plot draws saved results on one chart and sends nothing
     (tmp_path / "again.json").write_text((tmp_path / "triton.json").read_text())
     files = [str(tmp_path / "triton.json"), str(tmp_path / "again.json")]
