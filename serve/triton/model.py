@@ -114,25 +114,24 @@ class TritonPythonModel:
             parsed.append(
                 Request(
                     data,
-                    conf=conf.item() if conf is not None else CONF,  # Triton checked the shape: one value each
-                    iou=iou.item() if iou is not None else IOU,
-                    max_det=int(max_det.item()) if max_det is not None else MAX_DET,
+                    conf=float(conf.reshape(-1)[0]) if conf is not None else CONF,
+                    iou=float(iou.reshape(-1)[0]) if iou is not None else IOU,
+                    max_det=int(max_det.reshape(-1)[0]) if max_det is not None else MAX_DET,
                     classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
                 )
             )
         seconds = {"requests": time.perf_counter() - t0}
         results = self.detector(parsed, timings=seconds)
         t1 = time.perf_counter()
-        # every request's count in one tensor, each response a view of its row: a new tensor per request cost more
-        counts = torch.tensor([[0 if isinstance(r, Exception) else r[1]] for r in results], dtype=torch.int32)
         responses = []
-        for k, res in enumerate(results):
+        for res in results:
             if isinstance(res, Exception):
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
                 continue
+            dets, n = res
             out = [
-                pb_utils.Tensor.from_dlpack("DETECTIONS", to_dlpack(res[0][None])),
-                pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(counts[k : k + 1])),
+                pb_utils.Tensor.from_dlpack("DETECTIONS", to_dlpack(dets[None].contiguous())),
+                pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(torch.tensor([[n]], dtype=torch.int32))),
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=out))
         seconds["responses"] = time.perf_counter() - t1
