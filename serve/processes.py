@@ -33,7 +33,9 @@ def require_free_ports(host: str, ports: dict[str, int]) -> None:
 
 
 class ManagedProcess:
-    """A server process started in its own session; stop() signals the whole group and waits."""
+    """A server process started in its own session (its process group); stop() signals the whole group, waits for
+    the server, then kills what of the group outlived it: a Triton model's stub left behind when the server exits
+    first would otherwise run on as an orphan."""
 
     stop_signal = signal.SIGTERM
     stop_timeout = 15.0
@@ -45,18 +47,23 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if not self.running():
+        if self.proc is None:
             return
-        os.killpg(self.proc.pid, self.stop_signal)
-        try:
-            self.proc.wait(self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.running():
+            _signal_group(self.proc.pid, self.stop_signal)
+            try:
+                self.proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_group()
 
     def kill(self) -> None:
         """Hard stop (tests: a server dies under its clients)."""
-        if self.running():
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        if self.proc is not None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
     def __enter__(self):
@@ -64,3 +71,10 @@ class ManagedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # nothing of the group is left
+        pass

@@ -139,5 +139,6 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        self.metrics.flush()
+        # no last flush: a metric update sends a message to the server and waits for its answer, which an unloading
+        # model's server never gives (the stub hung there and the unload with it); what the last FLUSH_S held is lost
         self.detector = self.metrics = None
