@@ -139,6 +139,6 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        # no last flush: a metric update sends a message to the server and waits for its answer, which an unloading
-        # model's server never gives (the stub hung there and the unload with it); what the last FLUSH_S held is lost
+        # no last flush: a metric update waits for the server's answer, which a server unloading this model never
+        # gives (the stub would hang, and the unload with it); the timings of the last FLUSH_S are lost
         self.detector = self.metrics = None
