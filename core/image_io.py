@@ -19,8 +19,42 @@ class ImageError(BadInput):
     """An input that is not a decodable image; the message is one line."""
 
 
+# JPEG's start-of-frame markers (baseline, extended, progressive, lossless, arithmetic): the frame size follows them
+_JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def _jpeg_hw(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's frame header, walking the segments by their lengths; None for anything else
+    (not a JPEG, no frame header before the scan, a height left to a DNL marker), which PIL then judges. PIL parses
+    every table on the way (a tenth of a millisecond per request in the gateway); this reads only the lengths."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, n = 2, len(data)
+    while i + 9 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker in _JPEG_SOF:
+            h, w = int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
+            return (h, w) if h and w else None
+        elif marker in (0xDA, 0xD9):  # the scan or the end before any frame header
+            return None
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            i += 2
+        else:
+            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
 def image_size(data: bytes) -> tuple[int, int]:
     """(height, width) from the header alone, so oversized images are refused before decoding."""
+    hw = _jpeg_hw(data)
+    if hw is not None:
+        if hw[0] * hw[1] > MAX_PIXELS:
+            raise ImageError(f"image declares {hw[1]}x{hw[0]} pixels, over the limit of {MAX_PIXELS:,}")
+        return hw
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size

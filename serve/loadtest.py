@@ -70,15 +70,13 @@ def _client(step: Step):
         return send, session.close
     import tritonclient.grpc.aio as grpcclient
 
+    from yolov9.serve.gateway.backend import triton_request
+
     client = grpcclient.InferenceServerClient(step.url)
 
     async def send(data: bytes) -> tuple[str, float | None]:
-        arr = np.frombuffer(data, dtype=np.uint8)[None]
-        inp = grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")
-        inp.set_data_from_numpy(arr)
-        conf = grpcclient.InferInput("CONF", [1, 1], "FP32")
-        conf.set_data_from_numpy(np.array([[step.conf]], np.float32))
-        await client.infer(step.model, [inp, conf], client_timeout=step.timeout)
+        inputs, outputs = triton_request(data, step.conf)  # the very request the gateway sends
+        await client.infer(step.model, inputs, outputs=outputs, client_timeout=step.timeout)
         return "", None
 
     return send, client.close

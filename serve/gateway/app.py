@@ -20,14 +20,16 @@ from yolov9.serve.gateway.settings import Settings, get_settings
 
 class ObserveMiddleware:
     """Request count and latency per /v1 endpoint, as plain ASGI (Starlette's BaseHTTPMiddleware costs a task
-    and a stream per request)."""
+    and a stream per request). A path that is no route counts as "other": a client probing made-up paths must not
+    add a series per path."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, paths: frozenset[str]):
+        self.app, self.paths = app, paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self.paths else "other"
         t0, status = time.perf_counter(), [500]
 
         async def send_status(message):
@@ -38,8 +40,8 @@ class ObserveMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            metrics.REQUESTS.labels(endpoint=scope["path"], status=str(status[0])).inc()
-            metrics.LATENCY.labels(endpoint=scope["path"]).observe(time.perf_counter() - t0)
+            metrics.child(metrics.REQUESTS, endpoint, str(status[0])).inc()
+            metrics.child(metrics.LATENCY, endpoint).observe(time.perf_counter() - t0)
 
 
 class ApiKeyMiddleware:
@@ -96,11 +98,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
+    routers = (detect.router, service.router, admin.router)
+    for router in routers:
+        app.include_router(router)
     app.add_middleware(ApiKeyMiddleware, key=settings.api_key, prefixes=(detect.router.prefix, admin.router.prefix))
-    app.add_middleware(ObserveMiddleware)  # added last: outermost, so it counts the 401s too
-    app.include_router(detect.router)
-    app.include_router(service.router)
-    app.include_router(admin.router)
+    paths = frozenset(r.path for router in routers for r in router.routes if r.path.startswith("/v1/"))
+    app.add_middleware(ObserveMiddleware, paths=paths)  # added last: outermost, so it counts the 401s too
     return app
 
 

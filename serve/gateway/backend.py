@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.errors import BadInput
 from yolov9.serve.gateway import metrics
 
@@ -217,7 +218,7 @@ class TritonPool:
         """((n, 6) detections x1, y1, x2, y2, score, class in original pixels, version). A request that fails
         because its endpoint is down or timed out is retried once on another; that endpoint is taken out until
         its health check passes."""
-        inputs, outputs = _request(data, conf, iou, max_det, classes)
+        inputs, outputs = triton_request(data, conf, iou, max_det, classes)
         first = self._pick()
         try:
             return await self._infer(first, inputs, outputs)
@@ -242,14 +243,14 @@ class TritonPool:
             )
         except Exception as err:  # grpc channel errors surface as other types than InferenceServerException
             e.errors += 1
-            metrics.ENDPOINT_ERRORS.labels(endpoint=e.url).inc()
+            metrics.child(metrics.ENDPOINT_ERRORS, e.url).inc()
             raise classify(err) from None
         finally:
             e.outstanding -= 1
         ms = 1000 * (time.perf_counter() - t0)
         e.latency_ms = ms if e.latency_ms is None else 0.9 * e.latency_ms + 0.1 * ms
-        metrics.ENDPOINT_LATENCY.labels(endpoint=e.url).observe(ms / 1000)
-        metrics.ENDPOINT_REQUESTS.labels(endpoint=e.url).inc()
+        metrics.child(metrics.ENDPOINT_LATENCY, e.url).observe(ms / 1000)
+        metrics.child(metrics.ENDPOINT_REQUESTS, e.url).inc()
         n = int(r.as_numpy("NUM_DETS").reshape(-1)[0])
         return r.as_numpy("DETECTIONS")[0, :n], version
 
@@ -267,11 +268,22 @@ def decoder_counts(metrics_text: str, base: str) -> dict[str, int]:
     return out
 
 
-def _request(data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None):
+def triton_request(
+    data: bytes, conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET, classes: list[int] | None = None
+):
+    """The inputs and requested outputs of one detect request to the Triton model. A parameter at the model's
+    own default is left out: each input is one more tensor for the client to serialise and for Triton and the
+    model's stub to pass along, per request."""
     arr = np.frombuffer(data, dtype=np.uint8)[None]
     inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
     inputs[0].set_data_from_numpy(arr)
-    for name, value, dtype in (("CONF", conf, np.float32), ("IOU", iou, np.float32), ("MAX_DET", max_det, np.int32)):
+    for name, value, default, dtype in (
+        ("CONF", conf, CONF, np.float32),
+        ("IOU", iou, IOU, np.float32),
+        ("MAX_DET", max_det, MAX_DET, np.int32),
+    ):
+        if value == default:
+            continue
         t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
         t.set_data_from_numpy(np.array([[value]], dtype=dtype))
         inputs.append(t)

@@ -37,6 +37,20 @@ WORKER_READY_AT = Gauge(
 BATCH_SIZE = Histogram("gateway_batch_images", "images per /v1/detect/batch request", buckets=(1, 2, 4, 8, 16, 32, 64))
 
 
+_children: dict[tuple, object] = {}
+
+
+def child(metric, *labels: str):
+    """metric.labels(*labels), kept: prometheus-client's labels() takes a lock and builds the key on every call, and
+    the hot path asks for four per request. The label values must come from a bounded set (configured endpoints,
+    known routes, statuses): every distinct one is kept here and exported as a series."""
+    key = (metric, labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
+
 def render() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess

@@ -141,6 +141,7 @@ def _png_header(width: int, height: int) -> bytes:
         ("empty", 400),
         ("too_large", 413),
         ("bomb", 413),
+        ("jpeg_bomb", 413),
         ("wrong_type", 415),
         ("bad_conf", 422),
         ("bad_classes", 422),
@@ -161,6 +162,9 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, ca
         data = good + b"\x00" * (3 * 2**20)
     elif case == "bomb":
         data, ctype = _png_header(100_000, 100_000), "image/png"
+    elif case == "jpeg_bomb":  # a real JPEG whose frame header declares 20,000 x 20,000
+        sof = good.index(b"\xff\xc0")
+        data = good[: sof + 5] + (20_000).to_bytes(2, "big") * 2 + good[sof + 9 :]
     elif case == "wrong_type":
         ctype = "text/plain"
     elif case == "bad_conf":
@@ -180,6 +184,26 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, ca
         assert body["detail"].startswith(case.removeprefix("bad_") + ": ") or case == "unknown_class", body
     assert _post(gateway, good).status_code == 200
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
+
+
+def test_default_parameters_detect_like_local_inference(gateway, checkpoint, coco48):
+    """With no query the gateway leaves the parameters out of the Triton request: the model's defaults apply."""
+    local = Detector(str(checkpoint), device="cpu", img_size=IMG)
+    for data in _coco_images(coco48, 2):
+        r = _post(gateway, data, params="")
+        assert r.status_code == 200, r.text
+        ((dets, n),) = local([Request(data)])
+        got = np.array([d["box"] + [d["score"], d["class_id"]] for d in r.json()["detections"]]).reshape(-1, 6)
+        assert len(got) == n
+        np.testing.assert_allclose(got[:, :4], dets[:n, :4].numpy(), atol=0.02)
+
+
+def test_unknown_paths_share_one_metrics_series(gateway):
+    for path in ("/v1/no-such-route", "/v1/another/made-up/path"):
+        assert httpx.get(f"{gateway.url}{path}").status_code == 404
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'endpoint="other",status="404"' in metrics
+    assert "no-such-route" not in metrics and "made-up" not in metrics
 
 
 def test_200_concurrent_requests_without_errors(gateway, coco48):
