@@ -11,7 +11,7 @@ from pathlib import Path
 from yolov9.core.detection_defaults import CONF
 from yolov9.core.errors import BadInput, Unavailable
 from yolov9.core.options import add_options, from_namespace
-from yolov9.serve.config import BenchDetectorConfig, BenchGatewayConfig, LoadtestConfig, RepoConfig
+from yolov9.serve.config import LOAD_TIMEOUT_S, BenchDetectorConfig, BenchGatewayConfig, LoadtestConfig, RepoConfig
 
 REPO = "model_repository"
 
@@ -138,8 +138,11 @@ def _cmd_deploy(args: argparse.Namespace) -> None:
 
         headers = {"X-API-Key": args.api_key} if args.api_key else {}
         path = "rollback" if args.rollback else "deploy"
-        params = {} if args.rollback else {"engine": str(Path(args.engine).resolve())}
-        r = httpx.post(f"{args.gateway.rstrip('/')}/v1/admin/{path}", params=params, headers=headers, timeout=900)
+        params = {"load_timeout_s": args.load_timeout}
+        if not args.rollback:
+            params["engine"] = str(Path(args.engine).resolve())
+        timeout = 2 * args.load_timeout + 300  # a load per server (two is the common case), the drain and the rest
+        r = httpx.post(f"{args.gateway.rstrip('/')}/v1/admin/{path}", params=params, headers=headers, timeout=timeout)
         if r.status_code != 200:
             detail = r.json().get("detail", r.text) if r.headers.get("content-type") == "application/json" else r.text
             raise BadInput(f"{args.gateway}: {path} refused (HTTP {r.status_code}): {detail}")
@@ -149,9 +152,10 @@ def _cmd_deploy(args: argparse.Namespace) -> None:
 
     urls = args.triton.split(",")
     if args.rollback:
-        out = rollback(args.repo, args.name, urls)
+        out = rollback(args.repo, args.name, urls, load_timeout_s=args.load_timeout)
     else:
-        out = deploy(args.engine, args.repo, args.name, urls, **({} if args.keep is None else {"keep": args.keep}))
+        keep = {} if args.keep is None else {"keep": args.keep}
+        out = deploy(args.engine, args.repo, args.name, urls, load_timeout_s=args.load_timeout, **keep)
     print(json.dumps(out), flush=True)  # the result is out before the interpreter's exit, whatever happens there
 
 
@@ -266,6 +270,9 @@ def register(sub, bench) -> None:
         p.add_argument("--repo", default=REPO, help="without --gateway: the model repository")
         p.add_argument("--name", default="yolov9", help="without --gateway: the model")
         p.add_argument("--triton", default="127.0.0.1:8001", help="without --gateway: comma list of Triton gRPC URLs")
+        p.add_argument("--load-timeout", type=float, default=LOAD_TIMEOUT_S, help="seconds each server may take to "
+                       "load the version; past it the roll-out stops with an error, the served version stays and the "
+                       "late one is unloaded once Triton has loaded it")  # fmt: skip
         p.set_defaults(func=_cmd_deploy, rollback=cmd == "rollback", engine=None)
 
     s = sub.add_parser(

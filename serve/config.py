@@ -21,6 +21,8 @@ DECODER_HELP = (
     "nvjpeg, cpu",
 )
 
+LOAD_TIMEOUT_S = 600.0  # deploy/rollback: how long one server may take to load a version before the roll-out stops
+
 
 def batch_sizes(text: str) -> list[int]:
     """--preferred-batch: a comma list of sizes, or 'none' (an empty list)."""

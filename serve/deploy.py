@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from yolov9.core.errors import BadInput, Unavailable
+from yolov9.serve.config import LOAD_TIMEOUT_S
 from yolov9.serve.gateway.backend import model_name, version_of
 
 DRAIN_S = 2.0  # time for every gateway worker to see the new version (several health checks) before the old goes
@@ -128,16 +129,26 @@ def _clients(urls: list[str]):
             c.close()
 
 
-def _load_everywhere(urls: list[str], clients, model: str) -> None:
-    """Load on every server; on a failure, unload where it loaded and say why in one line."""
+class LoadTimeout(Unavailable):
+    """A server did not finish loading a version in time; it may still be loading it."""
+
+
+def _load_everywhere(urls: list[str], clients, model: str, timeout_s: float) -> None:
+    """Load on every server within timeout_s each; on a failure, unload where it loaded and say why in one line.
+    A load that runs out of time goes on inside Triton: its unload is requested too (Triton unloads once the load
+    ends), so the version does not come up unannounced."""
     done = []
     for url, c in zip(urls, clients):
         try:
-            c.load_model(model)
+            c.load_model(model, client_timeout=timeout_s)
             done.append(c)
         except Exception as e:
-            for d in done:
-                d.unload_model(model)
+            timed_out = "DEADLINE_EXCEEDED" in str(e)
+            for d in done + ([c] if timed_out else []):
+                with contextlib.suppress(Exception):  # the failure to report is the load's
+                    d.unload_model(model, client_timeout=timeout_s)
+            if timed_out:
+                raise LoadTimeout(f"{model} did not load on {url} within {timeout_s:g} s (--load-timeout)") from None
             cause = str(e).strip().splitlines()[0][:300]
             raise Unavailable(f"{model} did not load on {url}: {cause}") from None
 
@@ -152,23 +163,40 @@ def _locked(repo: Path, name: str):
         yield
 
 
+def _check_timeout(load_timeout_s: float) -> None:
+    if not load_timeout_s > 0:
+        raise BadInput(f"load timeout {load_timeout_s}: give seconds above 0")
+
+
 def deploy(
-    engine: str | Path, repo: str | Path, name: str, urls: list[str], drain_s: float = DRAIN_S, keep: int = KEEP
+    engine: str | Path,
+    repo: str | Path,
+    name: str,
+    urls: list[str],
+    drain_s: float = DRAIN_S,
+    keep: int = KEEP,
+    load_timeout_s: float = LOAD_TIMEOUT_S,
 ) -> dict:
     """Roll `engine` out as the next version, keeping `keep` versions; returns {model, version, previous}."""
     if keep < 1:
         raise BadInput(f"keep {keep}: at least the serving version is kept (1 or more)")
+    _check_timeout(load_timeout_s)
     with _locked(Path(repo), name):
-        return _deploy(engine, Path(repo), name, urls, drain_s, keep)
+        return _deploy(engine, Path(repo), name, urls, drain_s, keep, load_timeout_s)
 
 
-def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s: float, keep: int) -> dict:
+def _deploy(
+    engine: str | Path, repo: Path, name: str, urls: list[str], drain_s: float, keep: int, load_timeout_s: float
+) -> dict:
     state = read_state(repo, name)
     old = state["serving"]
     k = add_version(engine, repo, name)
     with _clients(urls) as clients:
         try:
-            _load_everywhere(urls, clients, model_name(name, k))
+            _load_everywhere(urls, clients, model_name(name, k), load_timeout_s)
+        except LoadTimeout:  # Triton may still read the folder and may have served k: the number is spent
+            _write_state(repo, name, {**state, "latest": k})  # the folder goes with the next roll-out's pruning
+            raise
         except Unavailable:
             shutil.rmtree(repo / model_name(name, k))
             raise
@@ -181,19 +209,20 @@ def _deploy(engine: str | Path, repo: Path, name: str, urls: list[str], drain_s:
     return {"model": name, "version": k, "previous": old}
 
 
-def rollback(repo: str | Path, name: str, urls: list[str]) -> dict:
+def rollback(repo: str | Path, name: str, urls: list[str], load_timeout_s: float = LOAD_TIMEOUT_S) -> dict:
     """Back to the version served before the current one; returns {model, version, previous}."""
+    _check_timeout(load_timeout_s)
     with _locked(Path(repo), name):
-        return _rollback(Path(repo), name, urls)
+        return _rollback(Path(repo), name, urls, load_timeout_s)
 
 
-def _rollback(repo: Path, name: str, urls: list[str]) -> dict:
+def _rollback(repo: Path, name: str, urls: list[str], load_timeout_s: float) -> dict:
     state = read_state(repo, name)
     if len(state["history"]) < 2:
         raise BadInput(f"{name}: no earlier version to roll back to (history: {state['history']})")
     cur, prev = state["history"][-1], state["history"][-2]
     with _clients(urls) as clients:
-        _load_everywhere(urls, clients, model_name(name, prev))
+        _load_everywhere(urls, clients, model_name(name, prev), load_timeout_s)
         history = state["history"][:-1]
         _write_state(repo, name, {"serving": prev, "history": history, "latest": state.get("latest", cur)})
         for c in clients:  # as it unloads the gateway falls back to prev, the highest version left ready

@@ -20,6 +20,19 @@ def test_preferred_batch_flag_parses_lists_and_none(capsys):
     assert "expected a comma list of integers or 'none'" in capsys.readouterr().err
 
 
+def test_a_load_timeout_that_is_no_time_is_refused_before_anything_is_written(tmp_path):
+    from yolov9.core.errors import BadInput
+    from yolov9.serve.deploy import deploy, rollback
+
+    for timeout in (0.0, -1.0, float("nan")):
+        with pytest.raises(BadInput, match="give seconds above 0"):
+            deploy(tmp_path / "x.pt", tmp_path, "yolov9", ["127.0.0.1:1"], load_timeout_s=timeout)
+        with pytest.raises(BadInput, match="give seconds above 0"):
+            rollback(tmp_path, "yolov9", ["127.0.0.1:1"], load_timeout_s=timeout)
+    assert not any(tmp_path.iterdir())
+    assert build_parser().parse_args(["serve", "rollback", "--load-timeout", "30"]).load_timeout == 30.0
+
+
 def test_serve_once_answers_one_request_and_stops(checkpoint, tmp_path):
     """What `yolov9 quickstart` ends with: repository, real Triton, real gateway, one request, clean stop."""
 

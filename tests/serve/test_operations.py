@@ -281,6 +281,13 @@ def test_deploy_and_rollback_under_load_fail_no_request(deployed, trained_tiny, 
     assert read_state(deployed.repo, "yolov9")["history"] == [1, 3]
     r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url, "--keep", "2")
     assert r.returncode == 2 and "--keep" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # a load past its deadline stops the roll-out with one line; version 3 serves on, and the late version's
+    # number is spent (Triton finished loading it after the deadline and then unloaded it)
+    r = _cli("serve", "deploy", str(trained_tiny), "--gateway", url, "--load-timeout", "0.01")
+    assert r.returncode == 2 and "yolov9__v4 did not load" in r.stderr and "within 0.01 s" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert read_state(deployed.repo, "yolov9") == {"serving": 3, "history": [1, 3], "latest": 4}
+    assert _detect(url, data).json()["version"] == 3
 
 
 def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tmp_path):

@@ -12,6 +12,7 @@ import sys
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from yolov9.serve.config import LOAD_TIMEOUT_S
 from yolov9.serve.deploy import read_state
 from yolov9.serve.gateway.dependencies import app_settings
 from yolov9.serve.gateway.errors import GatewayError
@@ -75,13 +76,18 @@ def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
     raise GatewayError(422, "deploy_failed", detail)
 
 
+LOAD_TIMEOUT = Query(LOAD_TIMEOUT_S, gt=0, description="seconds each Triton server may take to load the version")
+
+
 @router.post("/deploy", summary="Roll out a checkpoint or engine file (a path on the server) as the next version")
 async def deploy(
-    engine: str = Query(..., description="file path on the gateway's host"), settings=Depends(app_settings)
+    engine: str = Query(..., description="file path on the gateway's host"),
+    load_timeout_s: float = LOAD_TIMEOUT,
+    settings=Depends(app_settings),
 ):
-    return await _run(["deploy", engine], settings)
+    return await _run(["deploy", engine, "--load-timeout", str(load_timeout_s)], settings)
 
 
 @router.post("/rollback", summary="Go back to the version served before the current one")
-async def rollback(settings: Settings = Depends(app_settings)):
-    return await _run(["rollback"], settings)
+async def rollback(load_timeout_s: float = LOAD_TIMEOUT, settings: Settings = Depends(app_settings)):
+    return await _run(["rollback", "--load-timeout", str(load_timeout_s)], settings)
