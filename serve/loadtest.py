@@ -187,6 +187,39 @@ def scrape_triton(url: str | None) -> dict[str, float]:
     return out
 
 
+# the serving processes of this machine by part, told by their command lines; a gateway's spawned workers count
+# with the supervisor that started them
+_PARTS = {
+    "triton": ("tritonserver",),
+    "stubs": ("triton_python_backend_stub",),
+    "gateway": ("yolov9.serve.gateway",),  # the supervisor (-m yolov9.serve.gateway.workers) or uvicorn's app
+}
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far: the machine's busy time ("host") and each serving part's. Read before and after a step,
+    the differences over its wall time say how many cores each part kept busy: whether the box ran out of CPU."""
+    import psutil
+
+    t = psutil.cpu_times()
+    out = {"host": sum(t) - t.idle - getattr(t, "iowait", 0.0), **dict.fromkeys(_PARTS, 0.0)}
+    seen: set[int] = set()
+    for p in psutil.process_iter():
+        try:
+            cmd = " ".join(p.cmdline()[:4])
+            part = next((k for k, marks in _PARTS.items() if any(m in cmd for m in marks)), None)
+            if part is None:
+                continue
+            for q in [p, *p.children(recursive=True)] if part == "gateway" else [p]:
+                if q.pid not in seen:
+                    seen.add(q.pid)
+                    c = q.cpu_times()
+                    out[part] += c.user + c.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
 def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float, wall: float) -> dict:
     kept = [s for s in samples if s[0] >= t_start + warmup]
     ok = np.array([lat for _, lat, kind, _ in kept if not kind]) * 1000
@@ -233,6 +266,7 @@ def timeline(samples: list[tuple], t0: float) -> list[dict]:
 
 def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str | None = None) -> dict:
     before = scrape_triton(metrics_url)
+    cpu_before = _cpu_seconds()
     t_start = time.perf_counter() + 0.5
     wall0 = time.perf_counter()
     loads = split_load(step, procs)
@@ -252,6 +286,7 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
         samples = [s for part, _ in parts for s in part]
         cpu = sum(c for _, c in parts)
     wall = time.perf_counter() - wall0
+    cpu_after = _cpu_seconds()
     row = {
         "target": step.target,
         "concurrency": step.concurrency,
@@ -260,6 +295,9 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
         "client_cores": os.cpu_count(),
         **summarize(samples, t_start, step.warmup, cpu, wall),
     }
+    # cores kept busy during the step: the whole machine and the serving parts found on it (this load generator's
+    # own share is client_cpu_pct)
+    row["cores_busy"] = {k: round((cpu_after[k] - cpu_before[k]) / wall, 2) for k in cpu_before}
     if step.timeline:
         row["timeline"] = timeline(samples, t_start + step.warmup)
     after = scrape_triton(metrics_url)

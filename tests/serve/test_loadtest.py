@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,10 @@ def test_sweep_against_gateway(gateway, triton, tmp_path):
         assert s["triton_avg_batch"] >= 1.0 and s["triton_compute_ms"] > 0
         # the gateway's own wait on Triton is part of each client-side latency
         assert 0 < s["backend_p50_ms"] <= s["backend_p99_ms"] <= s["max_ms"]
+        # the cores each serving part kept busy (the model's stubs run the CPU engine: they are the busiest)
+        cores = s["cores_busy"]
+        assert set(cores) == {"host", "triton", "stubs", "gateway"}, cores
+        assert min(cores.values()) > 0 and cores["stubs"] <= cores["host"] <= os.cpu_count() + 0.5, cores
 
 
 def test_sweep_directly_against_triton_with_two_procs(triton, tmp_path):
