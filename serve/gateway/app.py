@@ -74,7 +74,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.pool = TritonPool(
-            settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s, settings.metrics_urls
+            settings.endpoints,
+            settings.model,
+            settings.timeout_s,
+            settings.health_interval_s,
+            settings.metrics_urls,
+            settings.coalesce,
+            settings.coalesce_calls,
         )
         await app.state.pool.start(settings.startup_wait_s)
         app.state.in_flight = 0
