@@ -123,7 +123,7 @@ class TritonPool:
         if coalesce > 1:
             from yolov9.serve.gateway.coalesce import Coalescer
 
-            self._coalescer = Coalescer(self._detect_item, self._detect_items, coalesce, coalesce_calls)
+            self._coalescer = Coalescer(self._detect_one, self._detect_rows, coalesce, coalesce_calls)
 
     async def start(self, wait_s: float = 0.0) -> None:
         """Health checks until an endpoint serves the model or wait_s has passed, then one every
@@ -229,15 +229,23 @@ class TritonPool:
         (serve/gateway/coalesce.py); a class filter goes alone."""
         if self._coalescer is not None and not classes and await self._takes_rows():
             return await self._coalescer.submit((data, conf, iou, max_det))
+        return await self._detect_one(data, conf, iou, max_det, classes)
+
+    async def _detect_one(self, data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None = None):
         (det,), version = await self._run(*triton_request(data, conf, iou, max_det, classes))
         return det, version
 
-    async def _detect_item(self, item: tuple[bytes, float, float, int]):
-        (det,), version = await self._run(*triton_request(*item))
-        return det, version
-
-    async def _detect_items(self, items: list[tuple[bytes, float, float, int]]):
-        return await self._run(*triton_rows_request(items))
+    async def _detect_rows(self, items: list[tuple[bytes, float, float, int]]) -> list:
+        """Several images in one Triton request: per image its (detections, version) or its error. An image the
+        decoder refuses fails the whole request, which then goes again one image at a time, so that only that
+        image gets the error."""
+        try:
+            dets, version = await self._run(*triton_rows_request(items))
+            return [(d, version) for d in dets]
+        except BackendError as e:
+            if e.kind != "bad_image":
+                raise
+        return list(await asyncio.gather(*(self._detect_one(*item) for item in items), return_exceptions=True))
 
     async def _takes_rows(self) -> bool:
         """Whether the served model reads several images per request (its LENGTH input; older repositories and

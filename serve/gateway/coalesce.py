@@ -10,8 +10,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from yolov9.serve.gateway.backend import BackendError
-
 Item = tuple[bytes, float, float, int]  # image, conf, iou, max_det
 Result = tuple[Any, int]  # detections, version
 
@@ -19,8 +17,8 @@ Result = tuple[Any, int]  # detections, version
 class Coalescer:
     def __init__(
         self,
-        send_one: Callable[[Item], Awaitable[Result]],
-        send_many: Callable[[list[Item]], Awaitable[tuple[list[Any], int]]],
+        send_one: Callable[..., Awaitable[Result]],  # called with an Item's fields
+        send_many: Callable[[list[Item]], Awaitable[list[Result | BaseException]]],  # per item: its result or error
         max_images: int,
         max_calls: int,
     ):
@@ -63,12 +61,5 @@ class Coalescer:
 
     async def _results(self, items: list[Item]) -> list[Result | BaseException]:
         if len(items) == 1:
-            return [await self.send_one(items[0])]
-        try:
-            dets, version = await self.send_many(items)
-            return [(d, version) for d in dets]
-        except BackendError as e:
-            if e.kind != "bad_image":
-                raise
-        # one image the decoder refused fails its whole request: each alone again, so each gets its own answer
-        return list(await asyncio.gather(*(self.send_one(item) for item in items), return_exceptions=True))
+            return [await self.send_one(*items[0])]
+        return await self.send_many(items)
