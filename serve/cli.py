@@ -90,18 +90,8 @@ def _cmd_gateway(args: argparse.Namespace) -> None:
     from yolov9.serve.gateway.process import GatewayProcess
 
     urls = (args.triton or os.environ.get("YOLOV9_TRITON_URLS") or "127.0.0.1:8001").split(",")
-    if args.coalesce < 1 or args.coalesce_calls < 1:
-        raise BadInput(f"--coalesce {args.coalesce} --coalesce-calls {args.coalesce_calls}: give 1 or more")
     settings = {
-        k: getattr(args, k)
-        for k in (
-            "max_upload_bytes",
-            "header_timeout_s",
-            "body_timeout_s",
-            "max_connections",
-            "coalesce",
-            "coalesce_calls",
-        )
+        k: getattr(args, k) for k in ("max_upload_bytes", "header_timeout_s", "body_timeout_s", "max_connections")
     }
     gw = GatewayProcess(urls, args.host, args.port, args.workers, model=args.name, repo=args.repo, **settings)
     gw.start()
@@ -259,21 +249,6 @@ def register(sub, bench) -> None:
         "connections evenly (one shared socket let a few workers take most keep-alive connections)",
     )
     p.add_argument("--max-upload-bytes", type=int, default=20 * 2**20, help="largest accepted image")
-    p.add_argument(
-        "--coalesce",
-        type=int,
-        default=1,
-        help="up to this many concurrent detect requests of a worker go to Triton as one request, one image per "
-        "row (fewer, larger requests: less fixed work per image in the gateway and in Triton's python backend); "
-        "1 sends each alone. Needs a repository built by this version (its model takes a LENGTH input)",
-    )
-    p.add_argument(
-        "--coalesce-calls",
-        type=int,
-        default=4,
-        help="with --coalesce: requests to Triton in flight per worker; a detect request arriving while all are "
-        "waits for the next one with what else arrived meanwhile",
-    )
     p.set_defaults(func=_cmd_gateway)
 
     for cmd, text in (("deploy", "roll a new version of the model out without downtime"),

@@ -38,13 +38,10 @@ def _tensor(name: str, dtype: int, dims: list[int], **kw) -> dict:
 
 
 def _detect_io(config: mc.ModelConfig, max_det: int) -> None:
-    """The python-backend model's inputs (encoded image bytes and optional per-image parameters) and outputs. A
-    request may carry several images, one per row of IMAGE, the rows padded to one length and LENGTH giving each
-    image's own (a gateway sends concurrent requests this way: one Triton request instead of several)."""
+    """The python-backend model's inputs (encoded image bytes and optional per-request parameters) and outputs."""
     config.input.extend(
         [
             mc.ModelInput(**_tensor("IMAGE", mc.TYPE_UINT8, [-1], allow_ragged_batch=True)),
-            mc.ModelInput(**_tensor("LENGTH", mc.TYPE_INT32, [1], optional=True)),
             mc.ModelInput(**_tensor("CONF", mc.TYPE_FP32, [1], optional=True)),
             mc.ModelInput(**_tensor("IOU", mc.TYPE_FP32, [1], optional=True)),
             mc.ModelInput(**_tensor("MAX_DET", mc.TYPE_INT32, [1], optional=True)),

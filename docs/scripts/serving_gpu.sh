@@ -12,8 +12,7 @@
 # per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
 # and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12; last,
 # Triton direct with each of QDELAYS (us) as the batcher's queue delay (ORDER: the recipe and queue-delay runs in
-# another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"; "instances:N" serves with N model instances;
-# "coalesce:N" runs the gateway with --coalesce N).
+# another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"; "instances:N" serves with N model instances).
 # BEFORE (optional): a checkout of older code
 # (git archive a072e25 | tar -x -C .gpu/before), its gateway measured against the first Triton. Each step runs under
 # its own timeout, so one that fails costs its limit only.
@@ -65,8 +64,8 @@ done
 [ "$CHECKS" = 1 ] && step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
 
 LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs 4 --triton-metrics http://127.0.0.1:8002/metrics"
-start_gateway() {  # workers, log, more gateway options
-  (yolov9 serve gateway --workers "$1" "${@:3}" > "$2" 2>&1 &)
+start_gateway() {  # workers, log
+  (yolov9 serve gateway --workers "$1" > "$2" 2>&1 &)
   wait_url http://127.0.0.1:8080/readyz 60; echo "gateway ($1 workers) ready: $?" >> "$R/steps.txt"
 }
 # the recipe: 6 instances under MPS, 12 gateway workers
@@ -118,18 +117,6 @@ instances() {  # count
   start_gateway 12 "$R/gateway_i$n.log"
   step 150 "lt_triton_i$n" $LT --target triton --url 127.0.0.1:8001 --concurrency "$ICONC" --out "$R/lt_triton_i$n.json"
   step 150 "lt_gateway_i$n" $LT --target gateway --concurrency "$ICONC" --out "$R/lt_gateway_i$n.json"
-  stop_stack
-}
-# the gateway sending up to N concurrent requests per worker to Triton as one request (6 instances, the gateway only:
-# Triton direct is the same as instances:6)
-coalesce() {  # images per Triton request
-  local c=$1
-  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_c$c" --kind gpu --instances 6 --max-batch 64 \
-    > "$R/build_c$c.log" 2>&1
-  (yolov9 serve triton --repo "$R/repo_c$c" --mps --log "$R/triton_c$c.log" > "$R/triton_cmd_c$c.log" 2>&1 &)
-  wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton (coalesce $c) ready: $?" >> "$R/steps.txt"
-  start_gateway 12 "$R/gateway_c$c.log" --coalesce "$c"
-  step 150 "lt_gateway_c$c" $LT --target gateway --concurrency "$ICONC" --out "$R/lt_gateway_c$c.json"
   stop_stack
 }
 ORDER=${ORDER:-$(for d in $DECODERS; do printf 'recipe:%s ' "$d"; done; for q in $QDELAYS; do printf 'queue_delay:%s ' "$q"; done)}

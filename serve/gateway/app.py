@@ -74,13 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.pool = TritonPool(
-            settings.endpoints,
-            settings.model,
-            settings.timeout_s,
-            settings.health_interval_s,
-            settings.metrics_urls,
-            settings.coalesce,
-            settings.coalesce_calls,
+            settings.endpoints, settings.model, settings.timeout_s, settings.health_interval_s, settings.metrics_urls
         )
         await app.state.pool.start(settings.startup_wait_s)
         app.state.in_flight = 0

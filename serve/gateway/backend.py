@@ -104,8 +104,6 @@ class TritonPool:
         timeout_s: float = 30.0,
         health_interval_s: float = 0.5,
         metrics_urls: list[str] | None = None,
-        coalesce: int = 1,
-        coalesce_calls: int = 4,
     ):
         if not urls:
             raise BadInput("no Triton endpoint given")
@@ -118,12 +116,6 @@ class TritonPool:
         self._rr = itertools.count()
         self.names: list[str] | None = None
         self._task: asyncio.Task | None = None
-        self._rows: bool | None = None
-        self._coalescer = None
-        if coalesce > 1:
-            from yolov9.serve.gateway.coalesce import Coalescer
-
-            self._coalescer = Coalescer(self._detect_one, self._detect_rows, coalesce, coalesce_calls)
 
     async def start(self, wait_s: float = 0.0) -> None:
         """Health checks until an endpoint serves the model or wait_s has passed, then one every
@@ -225,40 +217,8 @@ class TritonPool:
     async def detect(self, data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None):
         """((n, 6) detections x1, y1, x2, y2, score, class in original pixels, version). A request that fails
         because its endpoint is down or timed out is retried once on another; that endpoint is taken out until
-        its health check passes. With coalescing on, concurrent requests go to Triton together
-        (serve/gateway/coalesce.py); a class filter goes alone."""
-        if self._coalescer is not None and not classes and await self._takes_rows():
-            return await self._coalescer.submit((data, conf, iou, max_det))
-        return await self._detect_one(data, conf, iou, max_det, classes)
-
-    async def _detect_one(self, data: bytes, conf: float, iou: float, max_det: int, classes: list[int] | None = None):
-        (det,), version = await self._run(*triton_request(data, conf, iou, max_det, classes))
-        return det, version
-
-    async def _detect_rows(self, items: list[tuple[bytes, float, float, int]]) -> list:
-        """Several images in one Triton request: per image its (detections, version) or its error. An image the
-        decoder refuses fails the whole request, which then goes again one image at a time, so that only that
-        image gets the error."""
-        try:
-            dets, version = await self._run(*triton_rows_request(items))
-            return [(d, version) for d in dets]
-        except BackendError as e:
-            if e.kind != "bad_image":
-                raise
-        return list(await asyncio.gather(*(self._detect_one(*item) for item in items), return_exceptions=True))
-
-    async def _takes_rows(self) -> bool:
-        """Whether the served model reads several images per request (its LENGTH input; older repositories and
-        the TensorRT ensemble take one)."""
-        if self._rows is None:
-            cfg = await self.model_info()
-            self._rows = any(i["name"] == "LENGTH" for i in cfg.get("input", []))
-            if self._coalescer is not None:  # a request may not carry more images than the model batches
-                limit = int(cfg.get("max_batch_size", 0)) or 1
-                self._coalescer.max_images = min(self._coalescer.max_images, limit)
-        return self._rows
-
-    async def _run(self, inputs, outputs) -> tuple[list[np.ndarray], int]:
+        its health check passes."""
+        inputs, outputs = triton_request(data, conf, iou, max_det, classes)
         first = self._pick()
         try:
             return await self._infer(first, inputs, outputs)
@@ -272,7 +232,7 @@ class TritonPool:
                 raise
             return await self._infer(self._pick(exclude=first) if others else first, inputs, outputs)
 
-    async def _infer(self, e: Endpoint, inputs, outputs) -> tuple[list[np.ndarray], int]:
+    async def _infer(self, e: Endpoint, inputs, outputs):
         version = e.serving or 1
         e.outstanding += 1
         e.requests += 1
@@ -291,8 +251,8 @@ class TritonPool:
         e.latency_ms = ms if e.latency_ms is None else 0.9 * e.latency_ms + 0.1 * ms
         metrics.child(metrics.ENDPOINT_LATENCY, e.url).observe(ms / 1000)
         metrics.child(metrics.ENDPOINT_REQUESTS, e.url).inc()
-        dets, counts = r.as_numpy("DETECTIONS"), r.as_numpy("NUM_DETS").reshape(-1)
-        return [dets[i, :n] for i, n in enumerate(counts.tolist())], version
+        n = int(r.as_numpy("NUM_DETS").reshape(-1)[0])
+        return r.as_numpy("DETECTIONS")[0, :n], version
 
 
 _DECODER_LINE = re.compile(r"^yolov9_decoder_info\{([^}]*)\}\s+([0-9.eE+-]+)", re.M)
@@ -308,52 +268,28 @@ def decoder_counts(metrics_text: str, base: str) -> dict[str, int]:
     return out
 
 
-_PARAMS = (
-    ("CONF", CONF, np.float32, "FP32"),
-    ("IOU", IOU, np.float32, "FP32"),
-    ("MAX_DET", MAX_DET, np.int32, "INT32"),
-)
-_OUTPUTS = ("DETECTIONS", "NUM_DETS")
-
-
-def _tensor(name: str, array: np.ndarray, dtype: str):
-    t = grpcclient.InferInput(name, list(array.shape), dtype)
-    t.set_data_from_numpy(array)
-    return t
-
-
-def _param_inputs(rows: list[tuple[float, float, int]]) -> list:
-    """conf, iou and max_det, one row per image; a parameter every image has at the model's own default is left
-    out: each input is one more tensor for the client to serialise and for Triton and the model's stub to pass
-    along, per request."""
-    out = []
-    for k, (name, default, np_type, dtype) in enumerate(_PARAMS):
-        values = [row[k] for row in rows]
-        if any(v != default for v in values):
-            out.append(_tensor(name, np.array(values, dtype=np_type)[:, None], dtype))
-    return out
-
-
 def triton_request(
     data: bytes, conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET, classes: list[int] | None = None
 ):
-    """The inputs and requested outputs of one detect request to the Triton model (one image)."""
-    image = np.frombuffer(data, dtype=np.uint8)[None]
-    inputs = [_tensor("IMAGE", image, "UINT8"), *_param_inputs([(conf, iou, max_det)])]
+    """The inputs and requested outputs of one detect request to the Triton model. A parameter at the model's
+    own default is left out: each input is one more tensor for the client to serialise and for Triton and the
+    model's stub to pass along, per request."""
+    arr = np.frombuffer(data, dtype=np.uint8)[None]
+    inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
+    inputs[0].set_data_from_numpy(arr)
+    for name, value, default, dtype in (
+        ("CONF", conf, CONF, np.float32),
+        ("IOU", iou, IOU, np.float32),
+        ("MAX_DET", max_det, MAX_DET, np.int32),
+    ):
+        if value == default:
+            continue
+        t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
+        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
+        inputs.append(t)
     if classes:
-        inputs.append(_tensor("CLASSES", np.array([classes], dtype=np.int32), "INT32"))
-    return inputs, [grpcclient.InferRequestedOutput(o) for o in _OUTPUTS]
-
-
-def triton_rows_request(items: list[tuple[bytes, float, float, int]]):
-    """Several images in one request: IMAGE's rows padded to the longest, LENGTH each image's own size."""
-    sizes = [len(data) for data, *_ in items]
-    image = np.zeros((len(items), max(sizes)), dtype=np.uint8)
-    for row, (data, *_) in zip(image, items):
-        row[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    inputs = [
-        _tensor("IMAGE", image, "UINT8"),
-        _tensor("LENGTH", np.array(sizes, dtype=np.int32)[:, None], "INT32"),
-        *_param_inputs([tuple(params) for _, *params in items]),
-    ]
-    return inputs, [grpcclient.InferRequestedOutput(o) for o in _OUTPUTS]
+        t = grpcclient.InferInput("CLASSES", [1, len(classes)], "INT32")
+        t.set_data_from_numpy(np.array([classes], dtype=np.int32))
+        inputs.append(t)
+    outputs = [grpcclient.InferRequestedOutput("DETECTIONS"), grpcclient.InferRequestedOutput("NUM_DETS")]
+    return inputs, outputs

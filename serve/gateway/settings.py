@@ -28,10 +28,6 @@ class Settings(BaseSettings):
     header_timeout_s: float = 10.0  # a request's headers must arrive within this, else 408 and the connection closes
     body_timeout_s: float = 60.0  # and its body within this after them
     max_connections: int = 1024  # open connections per worker; beyond it new ones get 503 and are closed
-    # up to this many concurrent detect requests of a worker go to Triton as one request (1: each alone), with at
-    # most coalesce_calls such requests in flight per worker (serve/gateway/coalesce.py)
-    coalesce: int = 1
-    coalesce_calls: int = 4
     repo: str | None = None  # the model repository, for deploy/rollback through the admin endpoints
     profile: str | None = None  # bench gateway --profile: each worker writes its cProfile to <profile>.<pid>.prof
 

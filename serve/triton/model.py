@@ -21,30 +21,6 @@ def _input(request, name):
     return None if t is None else torch.from_dlpack(t.to_dlpack())
 
 
-def _images(request) -> list[memoryview]:
-    """The encoded images of one request, read where the request holds them (no copy before the decoder): one per
-    row of IMAGE (n, L), each its row's first LENGTH bytes when the sender padded the rows to one length."""
-    image = _input(request, "IMAGE").numpy()
-    lengths = _input(request, "LENGTH")
-    if image.ndim == 1:
-        image = image[None]
-    if lengths is None:
-        return [memoryview(row) for row in image]
-    return [memoryview(row[: int(n)]) for row, n in zip(image, lengths.reshape(-1).tolist())]
-
-
-def _request(data: memoryview, params: dict) -> Request:
-    """One image's Request from its row of each optional parameter input (None: the default)."""
-    conf, iou, max_det, classes = (params[k] for k in ("CONF", "IOU", "MAX_DET", "CLASSES"))
-    return Request(
-        data,
-        conf=float(conf.reshape(-1)[0]) if conf is not None else CONF,
-        iou=float(iou.reshape(-1)[0]) if iou is not None else IOU,
-        max_det=int(max_det.reshape(-1)[0]) if max_det is not None else MAX_DET,
-        classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
-    )
-
-
 class _Metrics:
     """This instance's series on Triton's metrics endpoint:
     - yolov9_decoder_info{model, decoder}: instances decoding with that decoder;
@@ -129,29 +105,33 @@ class TritonPythonModel:
 
     def execute(self, requests):
         t0 = time.perf_counter()
-        parsed, rows = [], []  # every image of the batch; per request, how many of them are its own
+        parsed = []
         for req in requests:
-            images = _images(req)
-            params = {name: _input(req, name) for name in ("CONF", "IOU", "MAX_DET", "CLASSES")}
-            for i, data in enumerate(images):
-                parsed.append(_request(data, {k: None if v is None else v[i] for k, v in params.items()}))
-            rows.append(len(images))
+            # the encoded bytes are read where the request holds them: no copy before the decoder's
+            data = memoryview(_input(req, "IMAGE").reshape(-1).numpy())
+            conf, iou = _input(req, "CONF"), _input(req, "IOU")
+            max_det, classes = _input(req, "MAX_DET"), _input(req, "CLASSES")
+            parsed.append(
+                Request(
+                    data,
+                    conf=float(conf.reshape(-1)[0]) if conf is not None else CONF,
+                    iou=float(iou.reshape(-1)[0]) if iou is not None else IOU,
+                    max_det=int(max_det.reshape(-1)[0]) if max_det is not None else MAX_DET,
+                    classes=classes.reshape(-1).tolist() if classes is not None and classes.numel() else None,
+                )
+            )
         seconds = {"requests": time.perf_counter() - t0}
         results = self.detector(parsed, timings=seconds)
         t1 = time.perf_counter()
-        responses, k = [], 0
-        for n in rows:
-            mine, k = results[k : k + n], k + n
-            bad = next((r for r in mine if isinstance(r, Exception)), None)
-            if bad is not None:  # one image the decoder refused fails its request (a gateway retries the others)
-                where = f" (image {mine.index(bad)} of {n})" if n > 1 else ""
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image{where}: {bad}")))
+        responses = []
+        for res in results:
+            if isinstance(res, Exception):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
                 continue
-            dets = torch.stack([d for d, _ in mine]) if n > 1 else mine[0][0][None]
-            counts = torch.tensor([[c] for _, c in mine], dtype=torch.int32)
+            dets, n = res
             out = [
-                pb_utils.Tensor.from_dlpack("DETECTIONS", to_dlpack(dets.contiguous())),
-                pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(counts)),
+                pb_utils.Tensor.from_dlpack("DETECTIONS", to_dlpack(dets[None].contiguous())),
+                pb_utils.Tensor.from_dlpack("NUM_DETS", to_dlpack(torch.tensor([[n]], dtype=torch.int32))),
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=out))
         seconds["responses"] = time.perf_counter() - t1

@@ -206,54 +206,6 @@ def test_unknown_paths_share_one_metrics_series(gateway):
     assert "no-such-route" not in metrics and "made-up" not in metrics
 
 
-def test_coalesced_requests_answer_like_single_ones_and_a_bad_image_fails_alone(triton, gateway, coco48, tmp_path):
-    """A gateway with --coalesce sends concurrent requests to Triton as one request of several images: each answer
-    is the one the image gets alone, and an image the decoder refuses gets its 400 while the others get theirs."""
-    from yolov9.serve.loadtest import scrape_triton
-
-    imgs = _coco_images(coco48, 6)
-    alone = [_post(gateway, d).json()["detections"] for d in imgs]
-    gw = GatewayProcess(
-        [triton.grpc_url], port=free_port(), timeout_s=120.0, coalesce=8, coalesce_calls=1, log_file=tmp_path / "gw.log"
-    )
-    gw.start()
-
-    async def burst(bodies: list[bytes]) -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=120) as c:
-            return await asyncio.gather(
-                *(
-                    c.post(f"{gw.url}/v1/detect?conf={CONF}", content=b, headers={"Content-Type": "image/jpeg"})
-                    for b in bodies
-                )  # fmt: skip
-            )
-
-    try:
-        before = scrape_triton(triton.metrics_url)
-        together = asyncio.run(burst(imgs * 4))
-        after = scrape_triton(triton.metrics_url)
-        corrupt = imgs[0][: len(imgs[0]) // 3]  # its header reads; its scan does not decode
-        mixed = asyncio.run(burst([*imgs[:3], corrupt, *imgs[3:]]))
-    finally:
-        gw.stop()
-
-    def rows(dets: list[dict]) -> np.ndarray:  # in one order: a batch of other images may reorder equal scores
-        a = np.array([[d["class_id"], d["score"], *d["box"]] for d in dets]).reshape(-1, 6)
-        return a[np.lexsort(np.round(a, 2).T[::-1])]
-
-    for k, r in enumerate(together):
-        assert r.status_code == 200, r.text
-        got, want = rows(r.json()["detections"]), rows(alone[k % len(imgs)])
-        assert got.shape == want.shape and len(want) > 0
-        np.testing.assert_allclose(got, want, atol=0.02)
-    images = after["nv_inference_count"] - before["nv_inference_count"]
-    requests = after["nv_inference_request_success"] - before["nv_inference_request_success"]
-    assert images == len(together) > requests, (images, requests)  # several images per Triton request
-    assert [r.status_code for r in mixed] == [200] * 3 + [400] + [200] * 3, [r.text for r in mixed]
-    assert mixed[3].json()["error"] == "bad_image"
-    for r, want in zip(mixed[:3] + mixed[4:], alone):
-        np.testing.assert_allclose(rows(r.json()["detections"]), rows(want), atol=0.02)
-
-
 def test_200_concurrent_requests_without_errors(gateway, coco48):
     imgs = _coco_images(coco48, 8)
 
