@@ -50,11 +50,14 @@ def _jpeg_hw(data: bytes) -> tuple[int, int] | None:
 
 def image_size(data: bytes) -> tuple[int, int]:
     """(height, width) from the header alone, so oversized images are refused before decoding."""
-    hw = _jpeg_hw(data)
-    if hw is not None:
-        if hw[0] * hw[1] > MAX_PIXELS:
-            raise ImageError(f"image declares {hw[1]}x{hw[0]} pixels, over the limit of {MAX_PIXELS:,}")
-        return hw
+    h, w = _jpeg_hw(data) or _pil_hw(data)
+    if w * h > MAX_PIXELS:
+        raise ImageError(f"image declares {w}x{h} pixels, over the limit of {MAX_PIXELS:,}")
+    return h, w
+
+
+def _pil_hw(data: bytes) -> tuple[int, int]:
+    """(height, width) as PIL reads the header, for the formats the decoders take."""
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
@@ -65,8 +68,6 @@ def image_size(data: bytes) -> tuple[int, int]:
         raise ImageError("not a decodable image (unknown format or corrupt header)") from None
     if fmt not in ("JPEG", "PNG", "BMP", "WEBP", "GIF", "TIFF", "MPO"):
         raise ImageError(f"unsupported image format {fmt}")
-    if w * h > MAX_PIXELS:
-        raise ImageError(f"image declares {w}x{h} pixels, over the limit of {MAX_PIXELS:,}")
     return h, w
 
 
