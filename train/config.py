@@ -141,6 +141,13 @@ class TrainConfig:
         "let cuDNN time its convolution algorithms for the fixed input size (faster; the chosen algorithms, and so "
         "the last bits of the results, may differ between runs)",
     )
+    prewarm: bool = option(
+        True,
+        "on one GPU, run one training step of a copy of the model on a synthetic batch while a thread checks and "
+        "caches the images, so the first real step finds cuDNN's algorithm timing and kernel loading done (seconds "
+        "per shape); the run's model, statistics and random streams are untouched. Skipped with --batch -1 (its "
+        "memory trials would see the copy's) and on several GPUs",
+    )
     sync_bn: bool = option(False, "synchronise BatchNorm statistics across the GPUs of a multi-GPU run (SyncBatchNorm)")
     cuda_graph: bool = option(
         True,

@@ -9,6 +9,7 @@ import math
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,15 @@ from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
 from yolov9.train.compiled import FORWARD_MODES, CompiledLoss, cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import TrainConfig
-from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
-from yolov9.train.data.formats import load_split, require_boxes, resolve_data
+from yolov9.train.data.dataset import (
+    Cache,
+    DetectionDataset,
+    EpochBatchSampler,
+    eval_loader,
+    run_batches,
+    train_loader,
+)
+from yolov9.train.data.formats import DatasetIndex, load_split, require_boxes, resolve_data
 from yolov9.train.ema import ModelEMA
 from yolov9.train.engine import (
     EpochPlan,
@@ -37,6 +45,7 @@ from yolov9.train.engine import (
 )
 from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.loss import DetectionLoss
+from yolov9.train.prewarm import prewarm
 from yolov9.train.run_log import RunLog
 from yolov9.train.state import CheckpointWriter, TrainState, epoch_checkpoints, resume_config
 from yolov9.train.step import StepOptions, amp_dtype, build_optimizer, forward_backward, make_scaler
@@ -94,8 +103,7 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.amp_dtype = amp_dtype(cfg.amp, self.device)
-        self._datasets()
-        self.startup["datasets"] = _seconds_since_process_start()
+        spec, train_index = self._index()
         self.model = self._build_model().to(self.device)
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -107,6 +115,15 @@ class Trainer:
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
         self.startup["model"] = _seconds_since_process_start()
+        self.prewarm_s = None
+        if self._prewarms():  # the images are checked and cached in a thread while this one warms the GPU up
+            with ThreadPoolExecutor(1, thread_name_prefix="datasets") as pool:
+                data = pool.submit(self._datasets, spec, train_index)
+                self._prewarm()
+                data.result()
+        else:
+            self._datasets(spec, train_index)
+        self.startup["datasets"] = _seconds_since_process_start()
 
     def _notes(self, filled: list[str]) -> None:
         cfg = self.cfg
@@ -121,15 +138,35 @@ class Trainer:
             print(f"note: --workers {cfg.workers} capped at the {cores} CPU cores of this machine")
             self.cfg.workers = cores
 
-    def _datasets(self) -> None:
+    def _index(self) -> tuple[dict, DatasetIndex]:
+        """The data's spec and the training split's index (its files and class names), before any image is read."""
         cfg = self.cfg
         spec = resolve_data(cfg.data)
         # what `val` without --data reads back from the checkpoint: a name, or an absolute path
         self.data_name = (
             str(Path(cfg.data).resolve()) if cfg.data and Path(cfg.data).exists() else str(cfg.data or spec["root"])
         )
-        cache = Cache(cfg.cache, cfg.workers, self.dist) if cfg.cache else None
         train_index = require_boxes(load_split(spec, "train"), spec, "train", cfg.allow_empty)
+        self.names = train_index.names
+        return spec, train_index
+
+    def _prewarms(self) -> bool:
+        """Whether to warm the GPU up before the first step: on one GPU with a known batch (--batch -1's memory
+        trials would see the copy's; a multi-GPU run's data set-up synchronises the ranks, so it stays in order)."""
+        cfg = self.cfg
+        return cfg.prewarm and self.device.type == "cuda" and cfg.batch > 0 and not self.dist.active
+
+    def _prewarm(self) -> None:
+        cfg = self.cfg
+        opts = StepOptions(self.amp_dtype, cfg.channels_last, clip=cfg.clip)
+        self.prewarm_s, error = prewarm(self.model, cfg.batch, cfg.img, opts, cfg.loss)
+        self.startup["prewarm"] = _seconds_since_process_start()
+        if error and self.main:
+            print(f"note: warming the GPU up failed ({error}); the first step warms it instead")
+
+    def _datasets(self, spec: dict, train_index: DatasetIndex) -> None:
+        cfg = self.cfg
+        cache = Cache(cfg.cache, cfg.workers, self.dist) if cfg.cache else None
         self.train_ds = DetectionDataset(train_index, cfg.img, cfg.hyp, cache, cfg.seed, desc="train")
         # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
         self.val_ds = None
@@ -140,7 +177,6 @@ class Trainer:
             for ds in filter(None, (self.train_ds, self.val_ds)):
                 print(ds.describe())
             print(self.train_ds.problems.summary())
-        self.names = self.train_ds.names
 
     def _build_model(self) -> DetectionModel:
         nc = len(self.names)
@@ -226,7 +262,11 @@ class Trainer:
         """Each rank's share of every global batch: the same images per step as one process would take."""
         d, pin = self.dist, self.device.type == "cuda"
         per_rank = self.state.batch // d.world
-        sampler = EpochBatchSampler(len(self.train_ds), per_rank, self.cfg.seed, (d.rank, d.world), start_epoch)
+        # the first batch in one part per worker: the workers build it side by side
+        split = self.cfg.workers if self.cfg.workers > 1 else 1
+        sampler = EpochBatchSampler(
+            len(self.train_ds), per_rank, self.cfg.seed, (d.rank, d.world), start_epoch, first_split=split
+        )
         return train_loader(self.train_ds, sampler, self.cfg.workers, pin)
 
     def _plan(self, loader) -> EpochPlan:
@@ -255,7 +295,7 @@ class Trainer:
                 plots.plot_labels(self.train_ds.labels, self.names, self.dir / "labels.jpg")
         monitor, self.final = GpuMonitor(self.device), None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
-        batches = self._plotting(iter(loader), epoch)  # one iterator: workers prefetch across epoch boundaries
+        batches = self._plotting(run_batches(loader), epoch)  # one iterator: workers prefetch across epochs
         first_epoch = True
         try:
             while epoch < end_epoch:
@@ -267,7 +307,7 @@ class Trainer:
                         raise
                     del batches
                     loader = self._halve_batch(epoch)
-                    batches = iter(loader)
+                    batches = run_batches(loader)
                     continue
                 self.state.scheduler.step()
                 self.state.epoch = epoch
@@ -279,6 +319,8 @@ class Trainer:
                         "first_batch": round(started + row["first_batch_s"], 2),
                         "first_step": round(row["start_to_first_step_s"], 2),
                     }
+                    if self.prewarm_s is not None:  # beside the "datasets" stage, in another thread
+                        row["prewarm_s"] = self.prewarm_s
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
                     first_epoch = False

@@ -13,7 +13,14 @@ import yaml
 from yolov9.core.errors import BadInput
 from yolov9.core.paths import sample_images
 from yolov9.train.config import Hyp
-from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, eval_loader, train_loader
+from yolov9.train.data.dataset import (
+    Cache,
+    DetectionDataset,
+    EpochBatchSampler,
+    eval_loader,
+    run_batches,
+    train_loader,
+)
 from yolov9.train.data.formats import load_split, resolve_data
 
 
@@ -226,6 +233,21 @@ def test_loader_keys_carry_the_epoch(coco48):
     assert len(batches) == 4 and [len(b[3]) for b in batches] == [4, 2, 4, 2]
     direct = ds[(5, int(batches[0][3][0]))][0]
     assert torch.equal(batches[0][0][0], direct)
+
+
+def test_the_runs_first_batch_built_in_parts_is_the_same_batch(coco48):
+    ds = DetectionDataset(load_split(resolve_data(coco48), "train"), 96, augment=Hyp())
+    ds.images, ds.labels = ds.images[:11], ds.labels[:11]
+    split = EpochBatchSampler(len(ds), 7, start_epoch=3, epochs=5, first_split=3)
+    assert [len(b) for b in split] == [2, 3, 2, 4, 7, 4]  # the first batch as 3 parts, then whole batches
+    whole = list(train_loader(ds, EpochBatchSampler(len(ds), 7, start_epoch=3, epochs=5), workers=2))
+    parts = list(run_batches(train_loader(ds, split, workers=2)))
+    assert len(parts) == len(whole) == 4
+    for a, b in zip(parts, whole):
+        for x, y in zip(a[:4], b[:4]):  # images, target rows, padded targets, indices
+            assert torch.equal(x, y)
+    assert parts[0].rows[:, 0].unique().numel() > 1  # the joined rows number their images past the first part
+    assert len(list(EpochBatchSampler(2, 4, epochs=1, first_split=8))) == 2  # never an empty part
 
 
 def test_decode_images_keeps_going_past_bad_ones(coco48):

@@ -58,12 +58,13 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     # and where that wait went: the set-up's stages in order, ending at the first step
     timeline = list(rows[0]["startup_s"].items())
     assert [k for k, _ in timeline] == [
-        "imports", "datasets", "model", "step_setup", "epoch_start", "first_batch", "first_step"
+        "imports", "model", "datasets", "step_setup", "epoch_start", "first_batch", "first_step"
     ]  # fmt: skip
     assert all(a <= b for (_, a), (_, b) in zip(timeline, timeline[1:])), timeline
     assert timeline[-1][1] == round(rows[0]["start_to_first_step_s"], 2)
     assert all("start_to_first_step_s" not in r and r["first_step_s"] > 0 for r in rows[1:])
     assert "compile_cache_misses" not in rows[0]  # nothing compiled on the CPU by default
+    assert "prewarm_s" not in rows[0]  # the GPU warm-up runs on a GPU alone
 
 
 def test_resume_continues_exactly(subset, tmp_path):

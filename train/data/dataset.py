@@ -4,9 +4,11 @@ batch sampler, and a collate that hands the GPU uint8 images and targets padded 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,7 +302,11 @@ class EpochBatchSampler(Sampler[list]):
     One loader iterator spans the whole run, so workers keep prefetching across epoch boundaries instead of
     draining and refilling every epoch (which dominates on small datasets). Each epoch is a seeded shuffle split
     across ranks (equal shares; the last wraps around); a batch never spans two epochs, so len() is the number
-    of batches per epoch."""
+    of batches per epoch.
+
+    first_split: the run's first batch comes as that many consecutive parts, which a loader's workers build side by
+    side (each worker builds a whole batch, so the first one would otherwise wait for one worker to build all of
+    it); `run_batches` joins them again."""
 
     def __init__(
         self,
@@ -310,31 +316,60 @@ class EpochBatchSampler(Sampler[list]):
         shard: tuple[int, int] = (0, 1),
         start_epoch: int = 0,
         epochs: int | None = None,
-        shuffle: bool = True,
+        first_split: int = 1,
     ):
         """shard: (rank, world) of this process."""
-        self.n, self.batch, self.shuffle, self.seed = n, batch, shuffle, seed
+        self.n, self.batch, self.seed = n, batch, seed
+        self.first_split = first_split
         (self.rank, self.world), self.start_epoch, self.epochs = shard, start_epoch, epochs
         self.per_rank = -(-n // self.world)
 
     def epoch_indices(self, epoch: int) -> list[int]:
-        if self.shuffle:
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
-        else:
-            order = list(range(self.n))
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
         order += order[: self.per_rank * self.world - self.n]
         return order[self.rank :: self.world]
 
     def __iter__(self):
-        epoch = self.start_epoch
+        epoch, first = self.start_epoch, True
         while self.epochs is None or epoch < self.epochs:
             idx = self.epoch_indices(epoch)
             for k in range(0, len(idx), self.batch):
-                yield [(epoch, i) for i in idx[k : k + self.batch]]
+                keys = [(epoch, i) for i in idx[k : k + self.batch]]
+                if first:
+                    first = False
+                    yield from _parts(keys, self.first_split)
+                else:
+                    yield keys
             epoch += 1
 
     def __len__(self) -> int:
         return -(-self.per_rank // self.batch)
+
+
+def _parts(keys: list, n: int) -> list[list]:
+    """keys in min(n, len(keys)) consecutive parts of sizes as equal as can be."""
+    n = max(1, min(n, len(keys)))
+    cuts = [round(j * len(keys) / n) for j in range(n + 1)]
+    return [keys[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def join_batches(parts: list[Batch]) -> Batch:
+    """Collated parts of one batch -> the batch `collate` would have made of all their items."""
+    offsets = np.cumsum([0] + [len(p.images) for p in parts[:-1]])
+    rows = torch.cat([p.rows + torch.tensor([float(o), 0, 0, 0, 0, 0]) for p, o in zip(parts, offsets)], 0)
+    metas = None if parts[0].metas is None else [m for p in parts for m in p.metas]
+    images = torch.cat([p.images for p in parts], 0)
+    return Batch(images, rows, pad_targets(rows, len(images)), torch.cat([p.indices for p in parts]), metas)
+
+
+def run_batches(loader: DataLoader) -> Iterator[Batch]:
+    """A training loader's batches, the first one joined from the parts its sampler split it into."""
+    batches = iter(loader)
+    split = getattr(loader.batch_sampler, "first_split", 1)
+    parts = list(itertools.islice(batches, split))
+    if parts:
+        yield join_batches(parts) if len(parts) > 1 else parts[0]
+    yield from batches
 
 
 def _worker_init(_: int) -> None:
@@ -379,6 +414,8 @@ __all__ = [
     "RectBatchSampler",
     "Cache",
     "eval_loader",
+    "join_batches",
+    "run_batches",
     "train_loader",
     "collate",
     "ImageError",

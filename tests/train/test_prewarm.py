@@ -1,0 +1,85 @@
+"""The GPU warm-up before the first step (train/prewarm.py) runs a whole step on a copy and leaves the run's model,
+its BatchNorm statistics, gradients and random streams as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import tiny_train_config
+from yolov9.core.model import DetectionModel, load_cfg
+from yolov9.train.data.targets import target_capacity
+from yolov9.train.prewarm import BOXES, prewarm, synthetic_batch
+from yolov9.train.step import StepOptions
+from yolov9.train.trainer import Trainer
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOptions) -> int:
+    """Warms a gelan-t up and checks that nothing of the run moved; returns the GPU memory the warm-up left
+    reserved beyond what the model itself holds."""
+    torch.manual_seed(0)
+    model = DetectionModel(load_cfg("gelan-t"), nc=3).to(device)
+    before = _snapshot(model)
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    reserved = torch.cuda.memory_reserved(device) if cuda_rng is not None else 0
+    seconds, error = prewarm(model, batch, img, opts)
+    assert error is None
+    assert seconds > 0
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "the run's model changed"
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    if cuda_rng is None:
+        return 0
+    assert torch.equal(torch.cuda.get_rng_state(device), cuda_rng)
+    return torch.cuda.memory_reserved(device) - reserved
+
+
+def test_synthetic_batch_has_the_runs_shape_and_valid_boxes():
+    imgs, targets = synthetic_batch(4, 64, nc=5)
+    assert imgs.shape == (4, 3, 64, 64) and imgs.dtype == torch.uint8
+    assert targets.shape == (4, target_capacity(BOXES), 5)
+    assert (targets[:, BOXES:] == 0).all()  # padding rows, as the captured step pads a batch
+    cls, xywh = targets[:, :BOXES, 0], targets[:, :BOXES, 1:]
+    assert ((cls >= 0) & (cls < 5) & (cls == cls.round())).all()
+    assert (xywh > 0).all() and (xywh[..., :2] + xywh[..., 2:] / 2 <= 1.0).all()
+
+
+def test_prewarm_runs_a_whole_step_on_a_copy_and_changes_nothing():
+    _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False))
+
+
+def test_a_failed_prewarm_says_why_and_the_model_is_untouched():
+    model = DetectionModel(load_cfg("gelan-t"), nc=3)
+    before = _snapshot(model)
+    _, error = prewarm(model, 2, 50, StepOptions(channels_last=False))  # 50 px: not a multiple of the stride
+    assert error and "\n" not in error
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (what is warmed is cuDNN's timing)")
+def test_prewarm_on_the_gpu_releases_the_copys_memory():
+    torch.backends.cudnn.benchmark = True
+    left = _warm_and_check(torch.device("cuda", 0), 16, 320, StepOptions(amp_dtype=torch.float16))
+    assert left <= 64 * 2**20  # the libraries' workspaces at most, not the copy's activations
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the trainer warms a GPU only)")
+def test_trainer_warms_the_gpu_before_its_first_step(tiny_subset, tmp_path):
+    data = tmp_path / "data.yaml"
+    data.write_text(
+        f"path: {tiny_subset}\ntrain: images\nval: images\nnames: [{', '.join(f'c{i}' for i in range(80))}]\n"
+    )
+    run = Trainer(tiny_train_config(data, tmp_path, device="0", amp="fp16", epochs=1, name="warm")).fit()
+    row = json.loads((Path(run["run_dir"]) / "results.jsonl").read_text().splitlines()[0])
+    assert row["prewarm_s"] > 0
+    stages = list(row["startup_s"])
+    assert stages.index("model") < stages.index("prewarm") < stages.index("datasets") < stages.index("epoch_start")

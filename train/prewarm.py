@@ -1,0 +1,64 @@
+"""Warming the GPU while the images load: one whole training step (forward, loss, backward, optimizer step) of a
+copy of the model on a synthetic batch of the run's shape, run by the training thread while another thread checks
+and caches the images. A process's first step pays once for cuDNN timing every convolution's algorithms (forward
+and both backwards), loading each kernel and initialising the libraries; that is per shape and thread, not per
+model instance, so the real first step finds it done. The copy keeps the run's model, BatchNorm statistics,
+gradients and random streams untouched."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import nn
+
+from yolov9.train.config import LossGains
+from yolov9.train.data.targets import pad_to, target_capacity
+from yolov9.train.ema import ModelEMA
+from yolov9.train.loss import DetectionLoss
+from yolov9.train.step import StepOptions, build_optimizer, forward_backward, make_scaler, optimizer_step
+
+BOXES = 8  # synthetic boxes per image, padded to the target capacity as the captured step pads a real batch
+
+
+def synthetic_batch(batch: int, img: int, nc: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images (batch, 3, img, img) and padded targets (batch, target_capacity(BOXES), 5) of class, x, y, w, h
+    (normalised; BOXES of them per image, then all-zero rows), from a private generator (the run's random streams do
+    not move)."""
+    g = torch.Generator().manual_seed(seed)
+    imgs = torch.randint(0, 256, (batch, 3, img, img), dtype=torch.uint8, generator=g)
+    cls = torch.randint(0, nc, (batch, BOXES, 1), generator=g).float()
+    xy = 0.2 + 0.6 * torch.rand(batch, BOXES, 2, generator=g)
+    wh = 0.05 + 0.3 * torch.rand(batch, BOXES, 2, generator=g)
+    return imgs, pad_to(torch.cat((cls, xy, wh), 2), target_capacity(BOXES))
+
+
+def prewarm(
+    model: nn.Module, batch: int, img: int, opts: StepOptions, gains: LossGains | None = None
+) -> tuple[float, str | None]:
+    """One whole training step of a copy of `model` on a synthetic (batch, 3, img, img) batch, on the calling
+    thread: the thread that will train, because PyTorch keeps cuDNN's timed choices per thread (the backward's run
+    on autograd's device thread, shared by all). Returns the seconds it took and, when it failed (e.g. out of
+    memory at a large batch), why in one line: a failure costs only the warm-up, the first step then warms up as
+    it would have."""
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    error = None
+    try:
+        twin = copy.deepcopy(model).train()
+        loss_fn = DetectionLoss.for_model(twin, gains)
+        imgs, targets = synthetic_batch(batch, img, loss_fn.nc)
+        scaler = make_scaler(device, opts.amp_dtype)
+        optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
+        forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
+        optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        twin = optimizer = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's
+    return time.perf_counter() - t0, error
