@@ -136,19 +136,21 @@ def train_one_epoch(
     mloss = torch.zeros(3, device=device)
     state.optimizer.zero_grad(set_to_none=not step.graphs)  # a captured backward owns the gradients
     bad_losses = torch.zeros((), dtype=torch.int64, device=device)  # read once, after the epoch
-    t_epoch, t_wait, seen, first_step, first_batch = time.perf_counter(), 0.0, 0, 0.0, 0.0
+    t_epoch, t_wait, seen, first = time.perf_counter(), 0.0, 0, {}
     bar = tqdm(total=plan.batches, desc=f"epoch {epoch + 1}/{plan.epochs}", dynamic_ncols=True, disable=not dist.main)
     with bar:
         for i in range(plan.batches):
             t0 = time.perf_counter()
             batch = next(batches)
-            t_wait += time.perf_counter() - t0
+            t_batch = time.perf_counter()
+            t_wait += t_batch - t0
             ni = i + plan.batches * epoch
             if ni <= plan.warmup_iters:
                 accumulate = warmup(state.optimizer, ni, plan, plan.lr_factor(epoch))
             optimize = ni - state.last_opt_step >= accumulate
             # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
             loss, items = step.micro(batch.images, batch.targets, sync=optimize)
+            t_micro = time.perf_counter()
             bad_losses += ~torch.isfinite(loss)
             mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)
             seen += batch.images.shape[0] * dist.world
@@ -156,9 +158,7 @@ def train_one_epoch(
                 state.skipped += step.step()
                 state.last_opt_step = ni
             if i == 0:  # capture and compilation happen here: worth one synchronisation per epoch to see them
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                first_step, first_batch = time.perf_counter() - t_epoch, t_wait
+                first = _first_step(device, monitor, t_epoch, t_wait, t_micro - t_batch)
             if dist.main and (i % 10 == 0 or i == plan.batches - 1):
                 el = time.perf_counter() - t_epoch
                 b, c, dfl = mloss.tolist()
@@ -179,6 +179,27 @@ def train_one_epoch(
         **{f"lr{j}": g["lr"] for j, g in enumerate(state.optimizer.param_groups)},
         "images_per_s": seen / el,
         "data_wait": t_wait / el,
-        "first_step_s": first_step,
-        "first_batch_s": first_batch,  # of first_step_s: waiting for the loader's first batch
+        **first,
     }
+
+
+def _first_step(device: torch.device, monitor: GpuMonitor, t_epoch: float, t_wait: float, micro_s: float) -> dict:
+    """The epoch's first step, once its optimizer step was launched: seconds from the epoch's start to its end, of
+    which waiting for the batch and each part's host seconds (cuDNN's timing, capture and compilation block the
+    host, kernels do not; the GPU's share is the wait at the end), and on a GPU what was allocated up to then."""
+    t_launched = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    now = time.perf_counter()
+    row = {
+        "first_step_s": now - t_epoch,
+        "first_batch_s": t_wait,
+        "first_step_parts_s": {
+            "forward_backward": round(micro_s, 3),
+            "optimizer": round(t_launched - t_epoch - t_wait - micro_s, 3),
+            "gpu_wait": round(now - t_launched, 3),
+        },
+    }
+    if allocations := monitor.allocations():
+        row["first_step_allocations"] = allocations
+    return row

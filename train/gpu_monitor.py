@@ -35,6 +35,20 @@ class GpuMonitor:
             return 0.0
         return torch.cuda.max_memory_reserved(self.device) / 2**30
 
+    def allocations(self) -> dict:
+        """What this process has asked CUDA for so far ({} on the CPU): the caching allocator's device segments (its
+        cudaMalloc calls) and the pinned host blocks of the loader's pinning thread, with the seconds their
+        allocation took; both run beside the training step and can stall it."""
+        if self.device.type != "cuda":
+            return {}
+        out = {"device_segments": torch.cuda.memory_stats(self.device).get("segment.all.allocated", 0)}
+        host = getattr(torch.cuda, "host_memory_stats", dict)()  # torch 2.7 and later
+        if host:
+            out["pinned_blocks"] = host.get("num_host_alloc", 0)
+            out["pinned_gib"] = round(host.get("allocated_bytes.peak", 0) / 2**30, 2)
+            out["pinned_alloc_s"] = round(host.get("host_alloc_time.total", 0) / 1e6, 3)  # microseconds
+        return out
+
     def read(self) -> str:
         if self.device.type != "cuda":
             return "cpu"

@@ -83,3 +83,8 @@ def test_trainer_warms_the_gpu_before_its_first_step(tiny_subset, tmp_path):
     assert row["prewarm_s"] > 0
     stages = list(row["startup_s"])
     assert stages.index("model") < stages.index("prewarm") < stages.index("datasets") < stages.index("epoch_start")
+    # what the first step asked CUDA for: device segments, and pinned blocks where this torch counts them
+    allocations = row["first_step_allocations"]
+    assert allocations["device_segments"] > 0
+    if hasattr(torch.cuda, "host_memory_stats"):
+        assert allocations["pinned_blocks"] > 0 and allocations["pinned_alloc_s"] >= 0

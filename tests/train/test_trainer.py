@@ -63,6 +63,13 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     assert all(a <= b for (_, a), (_, b) in zip(timeline, timeline[1:])), timeline
     assert timeline[-1][1] == round(rows[0]["start_to_first_step_s"], 2)
     assert all("start_to_first_step_s" not in r and r["first_step_s"] > 0 for r in rows[1:])
+    # the first step's own time in parts that add up to it: forward and backward, the optimizer, the GPU's tail
+    for r in rows:
+        parts = r["first_step_parts_s"]
+        assert list(parts) == ["forward_backward", "optimizer", "gpu_wait"] and min(parts.values()) >= 0, parts
+        assert parts["forward_backward"] > 0
+        assert sum(parts.values()) == pytest.approx(r["first_step_s"] - r["first_batch_s"], abs=0.01)
+    assert "first_step_allocations" not in rows[0]  # CUDA's allocations are counted on a GPU
     assert "compile_cache_misses" not in rows[0]  # nothing compiled on the CPU by default
     assert "prewarm_s" not in rows[0]  # the GPU warm-up runs on a GPU alone
 
