@@ -12,8 +12,9 @@ from yolov9.core.model import DetectionModel
 from yolov9.train import distributed
 from yolov9.train.compiled import cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import BenchTrainConfig, Hyp
-from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, train_loader
+from yolov9.train.data.dataset import Cache, DetectionDataset, EpochBatchSampler, run_batches, train_loader
 from yolov9.train.data.formats import load_split, resolve_data
+from yolov9.train.data.pinned import close_batches
 from yolov9.train.ema import ModelEMA
 from yolov9.train.engine import TrainStep, step_module
 from yolov9.train.gpu_monitor import GpuMonitor
@@ -149,8 +150,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     t_build = time.perf_counter()
     model, train_step = _build(args, len(ds.names), ctx, dtype, channels_last)
     sampler = EpochBatchSampler(len(ds), args.batch, shard=(ctx.rank, ctx.world))
-    loader = train_loader(ds, sampler, args.workers, pin=dev.type == "cuda")
-    it = iter(loader)  # one iterator: no refills
+    it = run_batches(train_loader(ds, sampler, args.workers), pin=dev)  # one iterator: no refills, pinned as trained
     monitor = GpuMonitor(dev)
     sampler = _UtilSampler(monitor)
     wait = 0.0
@@ -214,4 +214,5 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         row.update(cache_counts())
     if args.profile:
         row.update(_profile_steps(step, 3, dev, args.profile))
+    close_batches(it)  # the next mode starts its own workers
     return row

@@ -8,14 +8,16 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
 import yaml
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from yolov9.core.checkpoint import read_checkpoint
@@ -25,6 +27,7 @@ from yolov9.train import distributed, plots
 from yolov9.train.compiled import FORWARD_MODES, CompiledLoss, cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import TrainConfig
 from yolov9.train.data.dataset import (
+    Batch,
     Cache,
     DetectionDataset,
     EpochBatchSampler,
@@ -33,6 +36,7 @@ from yolov9.train.data.dataset import (
     train_loader,
 )
 from yolov9.train.data.formats import DatasetIndex, load_split, require_boxes, resolve_data
+from yolov9.train.data.pinned import close_batches
 from yolov9.train.ema import ModelEMA
 from yolov9.train.engine import (
     EpochPlan,
@@ -116,11 +120,9 @@ class Trainer:
         self.dir: Path | None = None
         self.startup["model"] = _seconds_since_process_start()
         self.prewarm_s = None
-        if self._prewarms():  # the images are checked and cached in a thread while this one warms the GPU up
-            with ThreadPoolExecutor(1, thread_name_prefix="datasets") as pool:
-                data = pool.submit(self._datasets, spec, train_index)
-                self._prewarm()
-                data.result()
+        self.started: tuple | None = None  # (epoch, batch, loader, batches) started beside the warm-up
+        if self._prewarms():  # the images are cached and the loader started in a thread while this one warms the GPU
+            _beside(lambda: self._datasets_and_loader(spec, train_index), self._prewarm)
         else:
             self._datasets(spec, train_index)
         self.startup["datasets"] = _seconds_since_process_start()
@@ -164,10 +166,22 @@ class Trainer:
         if error and self.main:
             print(f"note: warming the GPU up failed ({error}); the first step warms it instead")
 
+    def _datasets_and_loader(self, spec: dict, train_index: DatasetIndex) -> None:
+        """The datasets, then the training loader's workers: they build the first batches while the GPU warms up, so
+        the first epoch starts with batches waiting instead of waiting for each worker's first whole batch."""
+        self._datasets(spec, train_index)
+        saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
+        epoch, batch = saved["epoch"] + 1, saved["batch"]
+        self.started = (epoch, batch, *self._loader(epoch, batch))
+        self.startup["loader"] = _seconds_since_process_start()
+
     def _datasets(self, spec: dict, train_index: DatasetIndex) -> None:
         cfg = self.cfg
         cache = Cache(cfg.cache, cfg.workers, self.dist) if cfg.cache else None
         self.train_ds = DetectionDataset(train_index, cfg.img, cfg.hyp, cache, cfg.seed, desc="train")
+        # as officially, mosaic closes when the run reaches epochs - close_mosaic: never, in a shorter run (set before
+        # the loader's workers fork, which copy the dataset)
+        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic <= cfg.epochs else cfg.epochs
         # validation runs on rank 0 alone, so only rank 0 loads (and caches) the validation split
         self.val_ds = None
         if cfg.val and self.main:
@@ -243,8 +257,6 @@ class Trainer:
             if self.main:
                 print(f"resuming from epoch {self.state.epoch + 2} of {cfg.epochs}")
         self._make_step()
-        # as officially, mosaic closes when the run reaches epochs - close_mosaic: never, in a shorter run
-        self.train_ds.mosaic_until = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic <= cfg.epochs else cfg.epochs
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
@@ -258,16 +270,27 @@ class Trainer:
         if cfg.cuda_graph and self.dist.active and self.main:
             print("note: a multi-GPU run trains eagerly (CUDA graphs need one GPU; see --help)")
 
-    def _loader(self, start_epoch: int):
-        """Each rank's share of every global batch: the same images per step as one process would take."""
-        d, pin = self.dist, self.device.type == "cuda"
-        per_rank = self.state.batch // d.world
+    def _loader(self, start_epoch: int, batch: int) -> tuple[DataLoader, Iterator[Batch]]:
+        """The training loader from `start_epoch` on and its batches, its workers started. Each rank takes its share
+        of every global batch: the same images per step as one process would take."""
+        d = self.dist
+        per_rank = batch // d.world
         # the first batch in one part per worker: the workers build it side by side
         split = self.cfg.workers if self.cfg.workers > 1 else 1
         sampler = EpochBatchSampler(
             len(self.train_ds), per_rank, self.cfg.seed, (d.rank, d.world), start_epoch, first_split=split
         )
-        return train_loader(self.train_ds, sampler, self.cfg.workers, pin)
+        loader = train_loader(self.train_ds, sampler, self.cfg.workers)
+        return loader, run_batches(loader, pin=self.device)
+
+    def _running_loader(self, epoch: int) -> tuple[DataLoader, Iterator[Batch]]:
+        """The loader started beside the warm-up if it starts where the state does, else a new one."""
+        started, self.started = self.started, None
+        if started is not None and started[:2] == (epoch, self.state.batch):
+            return started[2], started[3]
+        if started is not None:
+            close_batches(started[3])
+        return self._loader(epoch, self.state.batch)
 
     def _plan(self, loader) -> EpochPlan:
         cfg, batch = self.cfg, self.state.batch
@@ -280,7 +303,7 @@ class Trainer:
         self._setup()
         self.startup["step_setup"] = _seconds_since_process_start()
         epoch = self.state.epoch + 1
-        loader = self._loader(epoch)
+        loader, running = self._running_loader(epoch)
         val_loader, log, self.writer = None, None, CheckpointWriter()
         if self.val_ds is not None:
             val_loader = eval_loader(self.val_ds, self.state.batch * 2, cfg.workers, pin=self.device.type == "cuda")
@@ -295,7 +318,7 @@ class Trainer:
                 plots.plot_labels(self.train_ds.labels, self.names, self.dir / "labels.jpg")
         monitor, self.final = GpuMonitor(self.device), None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
-        batches = self._plotting(run_batches(loader), epoch)  # one iterator: workers prefetch across epochs
+        batches = self._plotting(running, epoch)  # one iterator: workers prefetch across epochs
         first_epoch = True
         try:
             while epoch < end_epoch:
@@ -305,9 +328,9 @@ class Trainer:
                 except torch.OutOfMemoryError:
                     if self.dist.active:  # every rank would have to halve together: stop instead
                         raise
-                    del batches
-                    loader = self._halve_batch(epoch)
-                    batches = run_batches(loader)
+                    close_batches(running)
+                    loader, running = self._halve_batch(epoch)
+                    batches = running
                     continue
                 self.state.scheduler.step()
                 self.state.epoch = epoch
@@ -336,6 +359,7 @@ class Trainer:
                 epoch += 1
         finally:
             self.writer.close()
+            close_batches(running)
         if not main:
             return {"run_dir": None, "rank": self.dist.rank}
         return self._finish(log, monitor)
@@ -457,7 +481,7 @@ class Trainer:
                 batch.images, [x[x[:, 4] > 0.25] for x in preds], names, d / "val_batch0_pred.jpg", scores=True
             )
 
-    def _halve_batch(self, epoch: int):
+    def _halve_batch(self, epoch: int) -> tuple[DataLoader, Iterator[Batch]]:
         """After CUDA ran out of memory: the same epoch again at half the batch (a captured graph is dropped)."""
         self.state.optimizer.zero_grad(set_to_none=True)
         self.step.reset()
@@ -466,7 +490,7 @@ class Trainer:
             raise torch.OutOfMemoryError("CUDA out of memory at batch 1")
         self.state.batch //= 2
         tqdm.write(f"warning: CUDA out of memory; batch halved to {self.state.batch}, restarting epoch {epoch + 1}")
-        return self._loader(epoch)
+        return self._loader(epoch, self.state.batch)
 
 
 def _to_letterbox(det: torch.Tensor, meta) -> torch.Tensor:
@@ -475,6 +499,28 @@ def _to_letterbox(det: torch.Tensor, meta) -> torch.Tensor:
     out[:, [0, 2]] = det[:, [0, 2]] * meta.ratio + meta.pad[0]
     out[:, [1, 3]] = det[:, [1, 3]] * meta.ratio + meta.pad[1]
     return out
+
+
+def _beside(work: Callable[[], None], here: Callable[[], None]) -> None:
+    """Runs `work` in a thread while `here` runs on this one; raises `work`'s error. A plain thread, not an
+    executor's: processes forked from an executor's thread (the loader's workers) exit with code 1, their copy of
+    the executor's exit hook joining threads that the fork did not copy, and the loader reports them as crashed."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="datasets")
+    thread.start()
+    try:
+        here()
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _seconds_since_process_start() -> float:

@@ -14,7 +14,7 @@ from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train.data.targets import target_capacity
 from yolov9.train.prewarm import BOXES, prewarm, synthetic_batch
 from yolov9.train.step import StepOptions
-from yolov9.train.trainer import Trainer
+from yolov9.train.trainer import Trainer, _beside
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,8 +83,35 @@ def test_trainer_warms_the_gpu_before_its_first_step(tiny_subset, tmp_path):
     assert row["prewarm_s"] > 0
     stages = list(row["startup_s"])
     assert stages.index("model") < stages.index("prewarm") < stages.index("datasets") < stages.index("epoch_start")
+    assert row["startup_s"]["model"] < row["startup_s"]["loader"] <= row["startup_s"]["datasets"]  # beside the warm-up
     # what the first step asked CUDA for: device segments, and pinned blocks where this torch counts them
     allocations = row["first_step_allocations"]
     assert allocations["device_segments"] > 0
     if hasattr(torch.cuda, "host_memory_stats"):
         assert allocations["pinned_blocks"] > 0 and allocations["pinned_alloc_s"] >= 0
+
+
+def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, tmp_path):
+    """The loader the warm-up's thread starts serves the run when it starts at the state's epoch and batch (the same
+    batches a loader started later would give), and is replaced when it does not."""
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tiny_subset}\ntrain: images\nnames: [{', '.join(f'c{i}' for i in range(80))}]\n")
+    trainer = Trainer(tiny_train_config(data, tmp_path, workers=2, epochs=2))
+    _beside(lambda: trainer._datasets_and_loader(*trainer._index()), lambda: None)  # as the warm-up starts it
+    started = trainer.started
+    assert started[:2] == (0, 8) and "loader" in trainer.startup
+    trainer._setup()
+    loader, batches = trainer._running_loader(0)
+    assert loader is started[2] and batches is started[3] and trainer.started is None
+    later = trainer._loader(0, 8)[1]
+    for _ in range(3):  # across the first epoch's end
+        a, b = next(batches), next(later)
+        assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+    workers = loader._iterator._workers  # forked from the warm-up's thread: they must end as cleanly as others
+    loader._iterator._shutdown_workers()
+    assert [w.exitcode for w in workers] == [0, 0]
+    trainer._datasets_and_loader(*trainer._index())
+    started = trainer.started
+    trainer.state.batch = 4  # as after halving on out-of-memory: the started loader's batch no longer fits
+    loader, batches = trainer._running_loader(0)
+    assert loader is not started[2] and loader.batch_sampler.batch == 4 and len(next(batches).images) == 4

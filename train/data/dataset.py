@@ -30,6 +30,7 @@ from yolov9.train import distributed
 from yolov9.train.config import Hyp
 from yolov9.train.data import augment as A
 from yolov9.train.data.formats import DatasetIndex
+from yolov9.train.data.pinned import PinnedBatches
 from yolov9.train.data.targets import pad_targets
 from yolov9.train.distributed import DistContext
 
@@ -362,10 +363,16 @@ def join_batches(parts: list[Batch]) -> Batch:
     return Batch(images, rows, pad_targets(rows, len(images)), torch.cat([p.indices for p in parts]), metas)
 
 
-def run_batches(loader: DataLoader) -> Iterator[Batch]:
-    """A training loader's batches, the first one joined from the parts its sampler split it into."""
-    batches = iter(loader)
-    split = getattr(loader.batch_sampler, "first_split", 1)
+def run_batches(loader: DataLoader, pin: torch.device | None = None) -> Iterator[Batch]:
+    """A training loader's batches, the first one joined from the parts its sampler split it into, and with `pin` (a
+    CUDA device) pinned a few ahead of the step (PinnedBatches; the loader itself does not pin). The loader's
+    workers start here, not at the first next(), so a caller can start them before it needs the batches. Close
+    the result to stop them."""
+    batches = _joined(iter(loader), getattr(loader.batch_sampler, "first_split", 1))
+    return PinnedBatches(batches, pin) if pin is not None and pin.type == "cuda" else batches
+
+
+def _joined(batches: Iterator[Batch], split: int) -> Iterator[Batch]:
     parts = list(itertools.islice(batches, split))
     if parts:
         yield join_batches(parts) if len(parts) > 1 else parts[0]
@@ -392,9 +399,9 @@ def _loader_options(ds: DetectionDataset, workers: int, pin: bool) -> dict:
     return kw
 
 
-def train_loader(ds: DetectionDataset, sampler: EpochBatchSampler, workers: int = 0, pin: bool = False) -> DataLoader:
-    """An augmenting dataset's batches from the continuous (epoch, index) sampler."""
-    return DataLoader(ds, batch_sampler=sampler, **_loader_options(ds, workers, pin))
+def train_loader(ds: DetectionDataset, sampler: EpochBatchSampler, workers: int = 0) -> DataLoader:
+    """An augmenting dataset's batches from the continuous (epoch, index) sampler, unpinned: `run_batches` pins."""
+    return DataLoader(ds, batch_sampler=sampler, **_loader_options(ds, workers, pin=False))
 
 
 def eval_loader(
