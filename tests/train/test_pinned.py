@@ -29,6 +29,7 @@ def _dataset(coco48, n: int, img: int) -> DetectionDataset:
 def test_batches_come_in_order_and_the_end_ends():
     out = PinnedBatches(iter([_batch(k) for k in range(5)]), torch.device("cpu"))
     assert [int(b.indices[0]) for b in out] == [0, 1, 2, 3, 4]
+    assert next(out, None) is None  # and stays ended
 
 
 def test_an_error_of_the_loader_is_raised_after_the_batches_before_it():
@@ -38,8 +39,9 @@ def test_an_error_of_the_loader_is_raised_after_the_batches_before_it():
 
     out = PinnedBatches(failing(), torch.device("cpu"))
     assert int(next(out).indices[0]) == 0
-    with pytest.raises(ValueError, match="corrupt.jpg"):
-        next(out)
+    for _ in range(2):  # and again, not a wait for a batch that never comes
+        with pytest.raises(ValueError, match="corrupt.jpg"):
+            next(out)
 
 
 def test_close_stops_the_thread_and_the_loader_behind_it():

@@ -25,6 +25,7 @@ class PinnedBatches:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._batches = batches
+        self._ended = None  # StopIteration or the loader's error, raised again by every later next()
         self._thread = threading.Thread(target=self._pin, args=(device,), name="pin-batches", daemon=True)
         self._thread.start()
 
@@ -55,11 +56,12 @@ class PinnedBatches:
         return self
 
     def __next__(self):
+        if self._ended is not None:
+            raise self._ended
         item = self._queue.get()
-        if item is _END:
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
+        if item is _END or isinstance(item, BaseException):
+            self._ended = StopIteration() if item is _END else item
+            raise self._ended
         return item
 
     def close(self) -> None:
