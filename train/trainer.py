@@ -120,7 +120,7 @@ class Trainer:
         self.dir: Path | None = None
         self.startup["model"] = _seconds_since_process_start()
         self.prewarm_s = None
-        self.started: tuple | None = None  # (epoch, batch, loader, batches) started beside the warm-up
+        self.started: tuple[DataLoader, Iterator[Batch]] | None = None  # the loader started beside the warm-up
         if self._prewarms():  # the images are cached and the loader started in a thread while this one warms the GPU
             _beside(lambda: self._datasets_and_loader(spec, train_index), self._prewarm)
         else:
@@ -171,8 +171,7 @@ class Trainer:
         the first epoch starts with batches waiting instead of waiting for each worker's first whole batch."""
         self._datasets(spec, train_index)
         saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
-        epoch, batch = saved["epoch"] + 1, saved["batch"]
-        self.started = (epoch, batch, *self._loader(epoch, batch))
+        self.started = self._loader(saved["epoch"] + 1, saved["batch"])
         self.startup["loader"] = _seconds_since_process_start()
 
     def _datasets(self, spec: dict, train_index: DatasetIndex) -> None:
@@ -286,10 +285,11 @@ class Trainer:
     def _running_loader(self, epoch: int) -> tuple[DataLoader, Iterator[Batch]]:
         """The loader started beside the warm-up if it starts where the state does, else a new one."""
         started, self.started = self.started, None
-        if started is not None and started[:2] == (epoch, self.state.batch):
-            return started[2], started[3]
         if started is not None:
-            close_batches(started[3])
+            sampler = started[0].batch_sampler
+            if (sampler.start_epoch, sampler.batch) == (epoch, self.state.batch // self.dist.world):
+                return started
+            close_batches(started[1])
         return self._loader(epoch, self.state.batch)
 
     def _plan(self, loader) -> EpochPlan:

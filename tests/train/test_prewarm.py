@@ -99,10 +99,11 @@ def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, t
     trainer = Trainer(tiny_train_config(data, tmp_path, workers=2, epochs=2))
     _beside(lambda: trainer._datasets_and_loader(*trainer._index()), lambda: None)  # as the warm-up starts it
     started = trainer.started
-    assert started[:2] == (0, 8) and "loader" in trainer.startup
+    sampler = started[0].batch_sampler
+    assert (sampler.start_epoch, sampler.batch) == (0, 8) and "loader" in trainer.startup
     trainer._setup()
     loader, batches = trainer._running_loader(0)
-    assert loader is started[2] and batches is started[3] and trainer.started is None
+    assert loader is started[0] and batches is started[1] and trainer.started is None
     later = trainer._loader(0, 8)[1]
     for _ in range(3):  # across the first epoch's end
         a, b = next(batches), next(later)
@@ -114,4 +115,4 @@ def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, t
     started = trainer.started
     trainer.state.batch = 4  # as after halving on out-of-memory: the started loader's batch no longer fits
     loader, batches = trainer._running_loader(0)
-    assert loader is not started[2] and loader.batch_sampler.batch == 4 and len(next(batches).images) == 4
+    assert loader is not started[0] and loader.batch_sampler.batch == 4 and len(next(batches).images) == 4
