@@ -44,6 +44,14 @@ def test_an_error_of_the_loader_is_raised_after_the_batches_before_it():
             next(out)
 
 
+def test_a_pinning_thread_that_cannot_start_raises_in_the_training_thread():
+    """A device the thread cannot select (no such GPU here, or no GPU at all) is an error at the first batch, not a
+    wait for batches that never come."""
+    out = PinnedBatches(iter([_batch(0)]), torch.device("cuda", 99))
+    with pytest.raises(RuntimeError):
+        next(out)
+
+
 def test_close_stops_the_thread_and_the_loader_behind_it():
     stopped = []
 
@@ -72,12 +80,13 @@ def test_run_batches_on_the_cpu_are_the_loaders_batches_unpinned(coco48):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pinned memory is CUDA's)")
 def test_on_the_gpu_batches_are_pinned_in_a_few_blocks(coco48):
-    """12 batches while 4 workers keep up to 16 built ahead: pinned one by one, a handful of host blocks (the
-    DataLoader's own pinning allocates a block per batch in flight)."""
+    """On the trainer's default device ('cuda', no index), 12 batches while 4 workers keep up to 16 built ahead:
+    pinned one by one, a handful of host blocks (the DataLoader's own pinning allocates a block per batch in
+    flight)."""
     ds = _dataset(coco48, 48, 96)  # 96 px, batch 4: a block size no other test pins
     stats = getattr(torch.cuda, "host_memory_stats", None)
     before = stats().get("num_host_alloc", 0) if stats else 0  # the key appears with the first block
-    run = run_batches(train_loader(ds, EpochBatchSampler(len(ds), 4, epochs=1), workers=4), pin=torch.device("cuda", 0))
+    run = run_batches(train_loader(ds, EpochBatchSampler(len(ds), 4, epochs=1), workers=4), pin=torch.device("cuda"))
     plain = list(train_loader(ds, EpochBatchSampler(len(ds), 4, epochs=1), workers=4))
     got = []
     for b in run:

@@ -26,14 +26,16 @@ class PinnedBatches:
         self._stop = threading.Event()
         self._batches = batches
         self._ended = None  # StopIteration or the loader's error, raised again by every later next()
+        if device.type == "cuda" and device.index is None:  # 'cuda' is the caller's current GPU, not the thread's
+            device = torch.device("cuda", torch.cuda.current_device())
         self._thread = threading.Thread(target=self._pin, args=(device,), name="pin-batches", daemon=True)
         self._thread.start()
 
     def _pin(self, device: torch.device) -> None:
         cuda = device.type == "cuda"  # on the CPU the batches pass through as they are
-        if cuda:
-            torch.cuda.set_device(device)  # the pinned blocks belong to the training GPU's context
         try:
+            if cuda:
+                torch.cuda.set_device(device)  # the pinned blocks belong to the training GPU's context
             for batch in self._batches:
                 if cuda:
                     batch = batch._replace(images=batch.images.pin_memory(), targets=batch.targets.pin_memory())
