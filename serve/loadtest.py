@@ -196,6 +196,15 @@ _PARTS = {
 }
 
 
+def _part_of(cmd: str) -> str | None:
+    """The serving part a command line belongs to. A model's stub runs from the server's own folder
+    (.../tritonserver/backends/python/triton_python_backend_stub), so the stubs' mark is looked for first."""
+    for part in ("stubs", "triton", "gateway"):
+        if any(m in cmd for m in _PARTS[part]):
+            return part
+    return None
+
+
 def _cpu_seconds() -> dict[str, float]:
     """CPU seconds so far: the machine's busy time ("host") and each serving part's. Read before and after a step,
     the differences over its wall time say how many cores each part kept busy: whether the box ran out of CPU."""
@@ -206,8 +215,7 @@ def _cpu_seconds() -> dict[str, float]:
     seen: set[int] = set()
     for p in psutil.process_iter():
         try:
-            cmd = " ".join(p.cmdline()[:4])
-            part = next((k for k, marks in _PARTS.items() if any(m in cmd for m in marks)), None)
+            part = _part_of(" ".join(p.cmdline()[:4]))
             if part is None:
                 continue
             for q in [p, *p.children(recursive=True)] if part == "gateway" else [p]:

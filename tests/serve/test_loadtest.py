@@ -182,3 +182,14 @@ def test_concurrency_is_the_total_in_flight_across_client_processes():
     assert [k for _, k in split_load(step(1), 4)] == [1]
     assert abs(sum(share for share, _ in split_load(step(6), 4)) - 1.0) < 1e-9
     assert split_load(step(None, rate=100.0), 4) == [(0.25, 0)] * 4
+
+
+def test_each_serving_process_is_counted_with_its_part():
+    """A stub that runs from inside the server's folder is a stub, not the server (as on a pip-installed Triton)."""
+    from yolov9.serve.loadtest import _part_of
+
+    site = "/tmp/site/pytriton/tritonserver"
+    assert _part_of(f"{site}/backends/python/triton_python_backend_stub /repo/yolov9/1/model.py shm 1") == "stubs"
+    assert _part_of(f"{site}/bin/tritonserver --model-repository /repo --http-port 8000") == "triton"
+    assert _part_of("/usr/bin/python3 -m yolov9.serve.gateway.workers --workers 12") == "gateway"
+    assert _part_of("/usr/bin/python3 -m pytest tests/serve") is None
