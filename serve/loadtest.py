@@ -187,22 +187,19 @@ def scrape_triton(url: str | None) -> dict[str, float]:
     return out
 
 
-# the serving processes of this machine by part, told by their command lines; a gateway's spawned workers count
-# with the supervisor that started them
+# the serving processes of this machine by part, told by their command lines and looked for in this order (a
+# model's stub runs from the server's own folder, .../tritonserver/backends/python/triton_python_backend_stub); a
+# gateway's spawned workers count with the supervisor that started them
 _PARTS = {
-    "triton": ("tritonserver",),
     "stubs": ("triton_python_backend_stub",),
+    "triton": ("tritonserver",),
     "gateway": ("yolov9.serve.gateway",),  # the supervisor (-m yolov9.serve.gateway.workers) or uvicorn's app
 }
 
 
 def _part_of(cmd: str) -> str | None:
-    """The serving part a command line belongs to. A model's stub runs from the server's own folder
-    (.../tritonserver/backends/python/triton_python_backend_stub), so the stubs' mark is looked for first."""
-    for part in ("stubs", "triton", "gateway"):
-        if any(m in cmd for m in _PARTS[part]):
-            return part
-    return None
+    """The serving part a command line belongs to (_PARTS)."""
+    return next((part for part, marks in _PARTS.items() if any(m in cmd for m in marks)), None)
 
 
 def _cpu_seconds() -> dict[str, float]:
