@@ -232,12 +232,30 @@ class ELAN1(_ELAN):
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
 
 
+def max_pool_same(x: torch.Tensor, k: int) -> torch.Tensor:
+    """max_pool2d(x, k, 1, k // 2) as the max of k shifted slices along the width, then k along the height: the
+    same values. Compiled for training, inductor makes this a few memory-bound kernels, where its max_pool2d
+    lowering (which keeps each window's argmax for the backward) runs slower than eager (docs/benchmarks.md). At a
+    tie the gradient is shared between the equal inputs instead of going to the first."""
+    p, h, w = k // 2, x.shape[-2], x.shape[-1]
+    padded = F.pad(x, (p, p, p, p), value=float("-inf"))
+    rows = padded[..., :w]
+    for i in range(1, k):
+        rows = torch.maximum(rows, padded[..., i : i + w])
+    out = rows[..., :h, :]
+    for i in range(1, k):
+        out = torch.maximum(out, rows[..., i : i + h, :])
+    return out
+
+
 class SP(nn.Module):
     def __init__(self, k: int = 3, s: int = 1):
         super().__init__()
         self.m = nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.m.stride == 1 and torch.compiler.is_compiling():
+            return max_pool_same(x, self.m.kernel_size)
         return self.m(x)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 
 from yolov9.core.errors import BadInput, Unavailable
@@ -20,7 +21,15 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def _expandable_segments() -> None:
+    """CUDA memory for training in expandable segments unless PYTORCH_CUDA_ALLOC_CONF says otherwise: a segment
+    grows instead of new ones fragmenting, so less is reserved at the same speed (docs/benchmarks.md). Set before
+    the process's first CUDA allocation, which reads it; torchrun's ranks inherit it."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
 def _train(args: argparse.Namespace) -> None:
+    _expandable_segments()
     from yolov9.train import distributed
     from yolov9.train.trainer import Trainer
 
@@ -49,6 +58,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _bench_train(args: argparse.Namespace) -> None:
+    _expandable_segments()
     from yolov9.train.bench import bench_train
 
     bench_train(from_namespace(BenchTrainConfig, args))
@@ -77,7 +87,8 @@ def register(sub, bench) -> None:
         "train",
         help="train a detector",
         description="Train a YOLOv9/GELAN detector with AMP. Every option is a field of "
-        "yolov9.train.config.TrainConfig, so `Trainer(TrainConfig(...)).fit()` runs the same from Python.",
+        "yolov9.train.config.TrainConfig, so `Trainer(TrainConfig(...)).fit()` runs the same from Python. CUDA memory "
+        "is allocated in expandable segments (less reserved, same speed) unless PYTORCH_CUDA_ALLOC_CONF is set.",
     )
     add_options(s, TrainConfig)
     s.add_argument(
@@ -97,7 +108,8 @@ def register(sub, bench) -> None:
         description="Time training steps on real data (no synthetic input): images/s, GPU busy %, "
         "data-wait share, warm-up time, training FLOPs per image and model FLOP utilisation, and peak memory (as "
         "torch allocated and reserved it, and as nvidia-smi shows it), for each --amp mode. Under torchrun each "
-        "rank runs the step under DDP and rank 0 reports the images/s of all ranks together.",
+        "rank runs the step under DDP and rank 0 reports the images/s of all ranks together. Memory as `yolov9 train` "
+        "allocates it (expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set).",
     )
     add_options(s, BenchTrainConfig)
     s.set_defaults(func=_bench_train)

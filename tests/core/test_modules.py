@@ -1,5 +1,5 @@
-"""Building blocks: the shifted-sum 2x2 average pool and the broadcast nearest upsampling that GPU training uses
-are the operators they replace, forward and backward."""
+"""Building blocks: the shifted-sum 2x2 average pool, the broadcast nearest upsampling and the sliced max pool that
+GPU training uses are the operators they replace, forward and backward."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yolov9.core.modules import Upsample, _nearest_by_expand, _shift_avg_pool_2x2, _ShiftAvgPool2x2
+from yolov9.core.modules import SP, Upsample, _nearest_by_expand, _shift_avg_pool_2x2, _ShiftAvgPool2x2, max_pool_same
 
 
 @pytest.mark.parametrize("pool", [_ShiftAvgPool2x2.apply, _shift_avg_pool_2x2], ids=["eager", "compiled-form"])
@@ -50,3 +50,34 @@ def test_upsample_module_is_nn_upsample():
     x = torch.randn(1, 4, 6, 6)
     for kw in ({"scale_factor": 2.0, "mode": "nearest"}, {"size": (9, 9), "mode": "nearest"}, {"scale_factor": 2}):
         torch.testing.assert_close(Upsample(**kw)(x), nn.Upsample(**kw)(x))
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_sliced_max_pool_is_max_pool2d_forward_and_backward(k):
+    """Distinct values (no ties), odd sizes, channels-last: the same maxima and the gradient at the same inputs."""
+    x = torch.randperm(2 * 4 * 7 * 9).float().reshape(2, 4, 7, 9).contiguous(memory_format=torch.channels_last)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, want = max_pool_same(a, k), F.max_pool2d(b, k, 1, k // 2)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_sp_compiled_for_training_traces_the_sliced_pool_and_for_inference_max_pool():
+    """Inductor's max_pool2d lowering is slow for training on a GPU; export and inference keep the one operator."""
+    traced: list[set[str]] = []
+
+    def backend(gm, _):
+        traced.append({getattr(n.target, "__name__", "") for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    sp = SP(5)
+    x = torch.randn(1, 3, 8, 8)
+    for training in (True, False):
+        sp.train(training)
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(sp, backend=backend)(x), F.max_pool2d(x, 5, 1, 2))
+    assert not any("max_pool" in t for t in traced[0]) and any("maximum" in t for t in traced[0])
+    assert any("max_pool" in t for t in traced[1])

@@ -379,3 +379,32 @@ def test_a_loss_compiled_in_the_background_takes_over_within_the_run(subset, tmp
     assert rows[0]["loss_compiled"] is False  # the first epoch did not wait for the compile
     loss = trainer.step.loss_fn
     assert loss.wait(timeout=600) and loss.failure is None and loss.take_over()
+
+
+def test_training_allocates_in_expandable_segments_unless_the_user_chose(monkeypatch):
+    from yolov9.train.cli import _expandable_segments
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    _expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    _expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_expandable_segments_take_effect_when_set_after_torch_is_imported():
+    """The command sets the variable after torch is imported (building the parser imports it), before any CUDA use."""
+    code = (
+        "import torch\n"
+        "from yolov9.train.cli import _expandable_segments\n"
+        "_expandable_segments()\n"
+        "x = torch.empty(1 << 20, device='cuda')\n"
+        "snap = torch.cuda.memory_snapshot()\n"
+        "segments = snap['segments'] if isinstance(snap, dict) else snap\n"
+        "print(all(s.get('is_expandable') for s in segments) and len(segments) > 0)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "True"
