@@ -254,7 +254,9 @@ class SP(nn.Module):
         self.m = nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and self.m.stride == 1 and torch.compiler.is_compiling():
+        # is_dynamo_compiling, not is_compiling: the latter is a process-wide flag, true in every thread while any
+        # thread compiles (a background compile of the loss)
+        if self.training and self.m.stride == 1 and torch.compiler.is_dynamo_compiling():
             return max_pool_same(x, self.m.kernel_size)
         return self.m(x)
 
