@@ -11,21 +11,27 @@ from torch import nn
 from yolov9.core.modules import SP, Upsample, _nearest_by_expand, _shift_avg_pool_2x2, _ShiftAvgPool2x2, max_pool_same
 
 
+def _both(fn, ref, a: torch.Tensor, b: torch.Tensor):
+    """fn on a copy of a and ref on a copy of b, one random gradient through both: outputs and input gradients."""
+    a, b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    out, want = fn(a), ref(b)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    return out, want, a.grad, b.grad
+
+
 @pytest.mark.parametrize("pool", [_ShiftAvgPool2x2.apply, _shift_avg_pool_2x2], ids=["eager", "compiled-form"])
 def test_shifted_sum_pool_is_avg_pool2d_forward_and_backward(pool):
     """Eager training takes the autograd Function (its own backward); torch.compile traces the plain ops."""
     x = torch.randn(2, 6, 9, 11, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(pool, (x,))
     torch.testing.assert_close(pool(x), F.avg_pool2d(x, 2, 1, 0, False, True))
-    cl = x.detach().float().contiguous(memory_format=torch.channels_last).requires_grad_()
-    ref = x.detach().float().requires_grad_()
-    out, want = pool(cl), F.avg_pool2d(ref, 2, 1, 0, False, True)
-    g = torch.randn_like(want)
-    out.backward(g)
-    want.backward(g)
+    cl = x.detach().float().contiguous(memory_format=torch.channels_last)
+    out, want, grad, want_grad = _both(pool, lambda t: F.avg_pool2d(t, 2, 1, 0, False, True), cl, x.detach().float())
     assert out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, want)
-    torch.testing.assert_close(cl.grad, ref.grad)
+    torch.testing.assert_close(grad, want_grad)
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous", "channel_slice"])
@@ -36,14 +42,12 @@ def test_broadcast_nearest_upsampling_is_interpolate_forward_and_backward(layout
         x = x.contiguous(memory_format=torch.channels_last)
     elif layout == "channel_slice":  # what CBFuse upsamples: a split of CBLinear's channels-last output
         x = x.contiguous(memory_format=torch.channels_last)[:, 2:6]
-    a, b = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
-    out, want = _nearest_by_expand(a, sh, sw), F.interpolate(b, size=(5 * sh, 7 * sw), mode="nearest")
+    out, want, grad, want_grad = _both(
+        lambda t: _nearest_by_expand(t, sh, sw), lambda t: F.interpolate(t, size=(5 * sh, 7 * sw), mode="nearest"), x, x
+    )
     assert out.stride(1) < out.stride(3) if layout != "contiguous" else out.is_contiguous()
-    g = torch.randn_like(want)
-    out.backward(g)
-    want.backward(g)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
-    torch.testing.assert_close(a.grad, b.grad)
+    torch.testing.assert_close(grad, want_grad)
 
 
 def test_upsample_module_is_nn_upsample():
@@ -56,13 +60,9 @@ def test_upsample_module_is_nn_upsample():
 def test_sliced_max_pool_is_max_pool2d_forward_and_backward(k):
     """Distinct values (no ties), odd sizes, channels-last: the same maxima and the gradient at the same inputs."""
     x = torch.randperm(2 * 4 * 7 * 9).float().reshape(2, 4, 7, 9).contiguous(memory_format=torch.channels_last)
-    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out, want = max_pool_same(a, k), F.max_pool2d(b, k, 1, k // 2)
-    g = torch.randn_like(want)
-    out.backward(g)
-    want.backward(g)
+    out, want, grad, want_grad = _both(lambda t: max_pool_same(t, k), lambda t: F.max_pool2d(t, k, 1, k // 2), x, x)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
-    torch.testing.assert_close(a.grad, b.grad)
+    torch.testing.assert_close(grad, want_grad)
 
 
 def test_sp_compiled_for_training_traces_the_sliced_pool_and_for_inference_max_pool():
