@@ -1,6 +1,9 @@
 """Post-processing, once for the whole project: NMS over a batch of decoded predictions (nms_flat), the same with
 boxes mapped back to original pixels (postprocess_flat), and the split into per-image tensors (per_image).
-Validation, prediction, export checks and the server all go through these."""
+Validation, prediction, export checks and the server all go through these. The server first keeps the anchors over
+each image's threshold in a buffer of fixed size (threshold_candidates: inside its CUDA graph, no host
+synchronisation) and finishes on those (postprocess_candidates), which gives postprocess_flat's detections whenever
+the buffer held them all."""
 
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ from yolov9.core.detection_defaults import CONF, IOU
 from yolov9.core.preprocess import LetterboxMeta
 
 Flat = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]
+
+# threshold_candidates writes the anchors past its buffer, and those under the threshold, to this many spare slots
+# by anchor: hundreds of thousands of writes to one address would serialise
+_SPILL = 1024
 
 # Up to this many candidates, NMS on the host beats the GPU's: torchvision's CPU NMS takes about 0.1 ms for 256
 # boxes (it grows with the square, and past 1,000 boxes it loops per class), where the GPU path is about ten small
@@ -71,15 +78,8 @@ def nms_flat(
     pred = main_head(pred)
     b, nc = pred.shape[0], pred.shape[1] - 4
     dev = pred.device
-    per_conf = torch.as_tensor(conf if isinstance(conf, (list, tuple)) else [conf] * b, device=dev)
-    allow = None
-    if classes is not None:
-        per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
-        allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
-        for i, c in enumerate(per_image):
-            if c is not None:
-                allow[i] = False
-                allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
+    per_conf = _per_image(conf, b, dev)
+    allow = _allowed(classes, b, nc, dev)
     if multi_label:  # every class above the threshold is a candidate (the official validation protocol)
         scores = pred[:, 4:] if allow is None else pred[:, 4:] * allow[:, :, None]
         img, c, anchor = (scores > per_conf[:, None, None]).nonzero(as_tuple=True)
@@ -97,8 +97,31 @@ def nms_flat(
     boxes = xywh2xyxy(pred[img, :4, anchor])
     if dev.type != "cpu" and len(s) <= HOST_NMS_MAX:
         boxes, s, c, img = _to_host(boxes, s, c, img)
-        dev = boxes.device
-    per_max = torch.as_tensor(max_det if isinstance(max_det, (list, tuple)) else [max_det] * b, device=dev)
+    return _suppress(boxes, s, c, img, b, nc, iou, max_det)
+
+
+def _per_image(value: float | list[float], b: int, dev: torch.device) -> torch.Tensor:
+    return torch.as_tensor(value if isinstance(value, (list, tuple)) else [value] * b, device=dev)
+
+
+def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None:
+    """(B, nc) bool: the classes each image may report (None: all, for every image)."""
+    if classes is None:
+        return None
+    per_image = [classes] * b if not classes or isinstance(classes[0], int) else classes
+    allow = torch.ones(b, nc, dtype=torch.bool, device=dev)
+    for i, c in enumerate(per_image):
+        if c is not None:
+            allow[i] = False
+            allow[i, torch.as_tensor(c, dtype=torch.long, device=dev).clamp(0, nc - 1)] = True
+    return allow
+
+
+def _suppress(boxes, s, c, img, b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
+    """NMS per (image, class) over the candidates (xyxy boxes, scores, classes, images), then at most max_det per
+    image, grouped by image in score order."""
+    dev = boxes.device
+    per_max = _per_image(max_det, b, dev)
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
     owner = img[keep]
     order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
@@ -109,6 +132,49 @@ def nms_flat(
     keep, owner, rank = keep[sel], owner[sel], rank[sel]
     det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
     return det, owner, rank, torch.minimum(counts, per_max).tolist()
+
+
+def threshold_candidates(pred: torch.Tensor, conf: torch.Tensor, k: int) -> torch.Tensor:
+    """(k + 1, 7) float32 from decoded (B, 4 + nc, A) predictions and each image's threshold (B,): rows x1, y1, x2,
+    y2, score, class, image of the first k anchors whose best-class score is over their image's threshold (image by
+    image, in anchor order, as nms_flat takes them), then a row whose values are how many there were in all (also
+    past k; the rows past that count are filler). Fixed shapes and no host synchronisation, so it is captured in the
+    same CUDA graph as the engine; postprocess_candidates finishes on its first rows."""
+    pred = main_head(pred)
+    scores, cls = pred[:, 4:].max(1)  # (B, A)
+    over = (scores > conf[:, None]).flatten()
+    slot = over.cumsum(0)  # 1-based place of each candidate among them
+    flat = torch.arange(len(over), device=pred.device)
+    dest = torch.where(over & (slot <= k), slot - 1, k + flat % _SPILL)
+    idx = torch.zeros(k + _SPILL, dtype=torch.long, device=pred.device).scatter_(0, dest, flat)[:k]
+    img, anchor = idx // pred.shape[2], idx % pred.shape[2]
+    boxes = xywh2xyxy(pred[img, :4, anchor])
+    picked = (scores.flatten()[idx], cls.flatten()[idx], img)
+    rows = torch.cat((boxes.float(), *(t.float()[:, None] for t in picked)), 1)
+    return torch.cat((rows, slot[-1:].float()[:, None].expand(1, 7)))
+
+
+def postprocess_candidates(
+    cand: torch.Tensor,
+    metas: list[LetterboxMeta],
+    nc: int,
+    iou: float = IOU,
+    max_det: int | list[int] = 300,
+    classes: list[int] | list[list[int] | None] | None = None,
+    gpu: torch.device | None = None,
+) -> Flat:
+    """postprocess_flat() (single label) from every candidate over its image's threshold as threshold_candidates
+    gives them (N, 7), the image column indexing `metas`; NMS runs on their device, or on `gpu` past HOST_NMS_MAX
+    candidates on the CPU."""
+    img = cand[:, 6].long()
+    allow = _allowed(classes, len(metas), nc, cand.device)
+    if allow is not None:
+        keep = allow[img, cand[:, 5].long()]
+        cand, img = cand[keep], img[keep]
+    if gpu is not None and cand.device.type == "cpu" and len(cand) > HOST_NMS_MAX:
+        cand, img = cand.to(gpu), img.to(gpu)
+    flat = _suppress(cand[:, :4], cand[:, 4], cand[:, 5].long(), img, len(metas), nc, iou, max_det)
+    return _to_original(flat, metas)
 
 
 def postprocess_flat(
@@ -123,7 +189,11 @@ def postprocess_flat(
     """nms_flat() with the boxes mapped back to original-image pixels through each image's letterbox meta, for the
     whole batch at once: detections (N, 6) grouped by image, the image of each row, its rank within that image
     and the rows per image."""
-    det, owner, rank, counts = nms_flat(pred, conf, iou, max_det, classes, multi_label=multi_label)
+    return _to_original(nms_flat(pred, conf, iou, max_det, classes, multi_label=multi_label), metas)
+
+
+def _to_original(flat: Flat, metas: list[LetterboxMeta]) -> Flat:
+    det, owner, rank, counts = flat
     # ratio, pad left/top, orig h/w per image on the detections' device, then one row per detection
     per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
     per_det = per_image.reshape(-1, 5)[owner]

@@ -46,11 +46,12 @@ def to_input(batch_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> t
     return batch_uint8.to(dtype).div_(255)
 
 
-def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.device = "cpu"):
+def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.device = "cpu", rows: int = 0):
     """Letterbox a list of decoded images into one uint8 (B, 3, size, size) batch on `device`, as letterbox()
-    would one by one. Images of one size share one resize call: a serving batch of 64 photos has a handful of
-    sizes, so this launches a few kernels per size instead of several per image."""
-    out = torch.full((len(images), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
+    would one by one; with rows > B the batch has that many, the last ones blank (padding up to a batch size the
+    server has a CUDA graph for). Images of one size share one resize call: a serving batch of 64 photos has a
+    handful of sizes, so this launches a few kernels per size instead of several per image."""
+    out = torch.full((max(rows, len(images)), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
     metas: list = [None] * len(images)
     by_size: dict[tuple[int, int], list[int]] = {}
     for k, im in enumerate(images):
@@ -58,7 +59,9 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
     for (h, w), idx in by_size.items():
         r, (nh, nw), (pl, pt), _ = letterbox_params(h, w, size)
         group = resize_uint8(torch.stack([images[k].to(device) for k in idx]), (nh, nw))
-        out[torch.tensor(idx, device=device), :, pt : pt + nh, pl : pl + nw] = group
+        # an image alone in its size (most, in a batch of assorted photos) is one copy; no index tensor to send
+        at = idx[0] if len(idx) == 1 else torch.tensor(idx, device=device)
+        out[at, :, pt : pt + nh, pl : pl + nw] = group[0] if len(idx) == 1 else group
         for k in idx:
             metas[k] = LetterboxMeta((h, w), r, (pl, pt))
     return out, metas

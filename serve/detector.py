@@ -1,21 +1,28 @@
 """What Triton's python backend runs: decode encoded images (core/decode.py: the GPU's JPEG engines where it has
-them), letterbox on the device, one engine call for the whole dynamic batch, NMS on the device, fixed-size
-detections per image. Importable and tested on its own; serve/triton/model.py only adapts Triton's request
-objects to it."""
+them), letterbox on the device, then one step for the whole dynamic batch (scaling to [0, 1], the engine and the
+anchors over each image's threshold gathered into a buffer of fixed size, replayed as one CUDA graph per batch
+bucket), one copy of those candidates to the host and NMS there (on the GPU for many), fixed-size detections per
+image. Importable and tested on its own; serve/triton/model.py only adapts Triton's request objects to it."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from yolov9.core.decode import Encoded, decode_images, pick_decoder
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
-from yolov9.core.postprocess import postprocess_flat
+from yolov9.core.postprocess import main_head, postprocess_candidates, postprocess_flat, threshold_candidates
 from yolov9.core.preprocess import ImageError, prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
-from yolov9.export.engine import load_engine
+from yolov9.export.engine import Engine, load_engine
+
+# Room per image in the step's candidate buffer. A trained detector puts a few to a few dozen anchors of a photo
+# over the serving threshold; a batch with more (a low threshold, as `val --url` sends) runs NMS of them all from
+# the step's raw predictions instead.
+CANDIDATES_PER_IMAGE = 128
 
 
 @dataclass
@@ -42,6 +49,22 @@ def graph_buckets(max_batch: int, step: int = 8) -> list[int]:
     return sorted(sizes)
 
 
+class DetectionStep:
+    """A letterboxed uint8 batch (B, 3, S, S) and each image's threshold (B,) on the engine's device -> the
+    candidates over them (threshold_candidates, room for `per_image` per image) and the raw predictions: the work
+    between letterbox and NMS as one call with fixed shapes, which CudaGraphEngine captures whole."""
+
+    dtype = torch.uint8
+
+    def __init__(self, engine: Engine, per_image: int = CANDIDATES_PER_IMAGE):
+        self.engine, self.per_image = engine, per_image
+        self.kind, self.names, self.img_size, self.device = engine.kind, engine.names, engine.img_size, engine.device
+
+    def __call__(self, batch: torch.Tensor, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pred = main_head(self.engine(to_input(batch, self.engine.dtype)))
+        return threshold_candidates(pred, conf, self.per_image * len(batch)), pred
+
+
 class Detector:
     """cuda_graphs: on a GPU, pad each batch up to the next bucket size and replay one captured CUDA graph per
     bucket (small Triton batches are launch-bound otherwise); captured in warmup()."""
@@ -62,43 +85,40 @@ class Detector:
         self.names = self.engine.names
         self.decoder = pick_decoder(self.device, decoder)  # core/decode.py: nvImageCodec, nvJPEG or the CPU
         self.buckets = graph_buckets(max_batch) if cuda_graphs and self.device.type == "cuda" else []
-        self.run = CudaGraphEngine(self.engine) if self.buckets else self.engine
+        self.step = DetectionStep(self.engine)
+        self.gpu = self.device if self.device.type == "cuda" else None  # where NMS of many candidates runs
+        # the step's outputs are read before the next batch replays it (one batch at a time per Detector)
+        self.run = CudaGraphEngine(self.step, clone=False) if self.buckets else self.step
 
     def warmup(self) -> None:
         size = self.engine.img_size
         for b in self.buckets or [1]:
+            batch = torch.zeros(b, 3, size, size, device=self.device, dtype=self.step.dtype)
+            conf = torch.full((b,), CONF, device=self.device)
             try:
-                self.run(torch.zeros(b, 3, size, size, device=self.device, dtype=self.engine.dtype))
+                self.run(batch, conf)
             except RuntimeError as e:  # an engine that cannot be captured still serves, kernel by kernel
                 print(f"CUDA graph capture failed ({str(e).splitlines()[0]}); running without graphs", flush=True)
-                self.buckets, self.run = [], self.engine
-                self.engine(torch.zeros(1, 3, size, size, device=self.device, dtype=self.engine.dtype))
+                self.buckets, self.run = [], self.step
+                self.step(batch[:1], conf[:1])
                 return
 
-    def _infer(self, x: torch.Tensor) -> torch.Tensor:
-        n = len(x)
-        bucket = next((b for b in self.buckets if b >= n), None)
-        if bucket is None:  # no graphs, or a batch larger than the biggest bucket
-            return self.engine(x)
-        if bucket > n:
-            x = torch.cat((x, x.new_zeros((bucket - n, *x.shape[1:]))))
-        return self.run(x)[:n]
-
-    def predict(self, requests: list[Request], lap: _Stopwatch | None = None):
-        """Decode, letterbox and run the engine on the decodable images: (per request its decoded image or its
-        ImageError, indices of the decodable requests, their letterbox metas, raw predictions (B, 4 + nc, A))."""
+    def predict(self, requests: list[Request], lap: _Stopwatch | None = None) -> Predicted:
+        """Decode, letterbox and run the step on the decodable images (padded up to their bucket with blank images
+        that no threshold lets through)."""
         lap = lap or _Stopwatch(None, self.device)
         results: list = decode_images([r.data for r in requests], self.device, self.decoder)
         lap("decode")
         ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
         if not ok:
-            return results, ok, [], None
-        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device)
-        x = to_input(batch, self.engine.dtype)
+            return Predicted(results, ok, [], None, None)
+        rows = next((b for b in self.buckets if b >= len(ok)), len(ok))
+        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device, rows=rows)
+        conf = torch.tensor([requests[k].conf for k in ok] + [float("inf")] * (rows - len(ok)))
         lap("letterbox")
-        pred = self._infer(x)
+        cand, pred = self.run(batch, conf) if rows in self.buckets else self.step(batch, conf.to(self.device))
         lap("engine")
-        return results, ok, metas, pred
+        return Predicted(results, ok, metas, cand, pred)
 
     def __call__(
         self, requests: list[Request], timings: dict[str, float] | None = None
@@ -106,8 +126,9 @@ class Detector:
         """Per request: ((max_det, 6) x1, y1, x2, y2, score, class in original pixels, zero-padded, on the CPU;
         count) or the error that request's image raised (other requests in the batch still succeed).
 
-        The whole batch goes through one batched decode, one engine call and one NMS per distinct IoU value.
-        `timings` accumulates seconds per stage (decode, letterbox, engine, nms)."""
+        The whole batch goes through one batched decode, one step (engine and candidates), one copy of the
+        candidates to the host and one NMS per distinct IoU value. `timings` accumulates seconds per stage
+        (decode, letterbox, engine, nms)."""
         lap = _Stopwatch(timings, self.device)
         try:
             return self._detect(requests, lap)
@@ -115,22 +136,31 @@ class Detector:
             lap.close()
 
     def _detect(self, requests: list[Request], lap: _Stopwatch) -> list[tuple[torch.Tensor, int] | ImageError]:
-        results, ok, metas, pred = self.predict(requests, lap)
+        results, ok, metas, cand, pred = self.predict(requests, lap)
         if not ok:
             return results
+        cand = cand.cpu()  # the batch's one synchronisation before NMS
+        n = int(cand[-1, 0])
+        cand = cand[:n] if n < len(cand) else None  # None: the buffer could not hold them all
         out = torch.zeros(len(ok), self.max_det, 6)  # responses leave through host memory
         counts = [0] * len(ok)
         for iou in sorted({requests[k].iou for k in ok}):
             rows = [j for j, k in enumerate(ok) if requests[k].iou == iou]
             reqs = [requests[ok[j]] for j in rows]
-            det, owner, rank, n = postprocess_flat(
-                pred[rows] if len(rows) < len(ok) else pred,
+            group = (
                 [metas[j] for j in rows],
-                [r.conf for r in reqs],
                 iou,
                 [min(r.max_det, self.max_det) for r in reqs],
                 [r.classes for r in reqs],
             )
+            if cand is not None:
+                flat = postprocess_candidates(
+                    _only_images(cand, rows, len(ok)), group[0], len(self.names), *group[1:], gpu=self.gpu
+                )
+            else:
+                part = pred[rows] if len(rows) < len(pred) else pred
+                flat = postprocess_flat(part, group[0], [r.conf for r in reqs], *group[1:])
+            det, owner, rank, n = flat
             # the detections with their image and rank in one copy to the host (none when NMS ran there), then
             # every detection to (its image's row, its rank within the image) in one scatter
             flat = torch.cat((det.float(), owner[:, None].float(), rank[:, None].float()), 1).cpu()
@@ -141,6 +171,30 @@ class Detector:
             results[k] = (out[j], counts[j])
         lap("nms")
         return results
+
+
+def _only_images(cand: torch.Tensor, rows: list[int], b: int) -> torch.Tensor:
+    """The candidates of the batch's images `rows`, their image column renumbered 0.. in that order."""
+    if len(rows) == b:
+        return cand
+    local = torch.full((b,), -1.0)
+    local[rows] = torch.arange(len(rows), dtype=local.dtype)
+    img = local[cand[:, 6].long()]
+    cand = cand[img >= 0].clone()
+    cand[:, 6] = img[img >= 0]
+    return cand
+
+
+class Predicted(NamedTuple):
+    """Detector.predict's result: per request its decoded image or its ImageError, the indices of the decodable
+    requests, their letterbox metas, the step's candidate buffer (threshold_candidates) and raw predictions
+    (B, 4 + nc, A), both on the device and B padded up to the bucket (None, None without a decodable image)."""
+
+    results: list
+    ok: list[int]
+    metas: list
+    candidates: torch.Tensor | None
+    pred: torch.Tensor | None
 
 
 class _Stopwatch:

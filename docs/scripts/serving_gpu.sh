@@ -10,7 +10,7 @@
 # Steps: the decode and detector GPU tests; a yolov9-s trained and exported; `bench detector` per decoder in one
 # process and in six under MPS; a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once
 # per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
-# and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12; last,
+# and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12 (also in instances:N); LT_PROCS load processes; last,
 # Triton direct with each of QDELAYS (us) as the batcher's queue delay (ORDER: the recipe and queue-delay runs in
 # another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"; "instances:N" serves with N model instances).
 # BEFORE (optional): a checkout of older code
@@ -32,6 +32,7 @@ CHECKS=${CHECKS:-1}  # 0: skip the GPU tests, the profile and the engine's val (
 ENGINE=${ENGINE:-}   # an exported AOTI package to serve instead of training and exporting one
 IMAGES=${IMAGES:-}   # a folder of JPEGs to send instead of tiny_coco_val's and coco128's
 ICONC=${ICONC:-8,64,160,256}  # the loads of instances:N
+LT_PROCS=${LT_PROCS:-4}  # load-generator processes
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
 if [ -n "$IMAGES" ]; then cp "$IMAGES"/*.jpg "$R/imgs/"; else cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"; fi
@@ -63,7 +64,7 @@ for d in $SIX_PROCS; do  # six processes under MPS, as six Triton instances run:
 done
 [ "$CHECKS" = 1 ] && step 120 val_engine yolov9 val "$R/fl.pt2" --data "$DATA/coco128" --square --out "$R/val_engine.json"
 
-LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs 4 --triton-metrics http://127.0.0.1:8002/metrics"
+LT="yolov9 loadtest --images $R/imgs --duration $DUR --warmup 3 --procs $LT_PROCS --triton-metrics http://127.0.0.1:8002/metrics"
 start_gateway() {  # workers, log
   (yolov9 serve gateway --workers "$1" > "$2" 2>&1 &)
   wait_url http://127.0.0.1:8080/readyz 60; echo "gateway ($1 workers) ready: $?" >> "$R/steps.txt"
@@ -117,6 +118,11 @@ instances() {  # count
   start_gateway 12 "$R/gateway_i$n.log"
   step 150 "lt_triton_i$n" $LT --target triton --url 127.0.0.1:8001 --concurrency "$ICONC" --out "$R/lt_triton_i$n.json"
   step 150 "lt_gateway_i$n" $LT --target gateway --concurrency "$ICONC" --out "$R/lt_gateway_i$n.json"
+  if [ -n "$GW_ALT" ]; then  # the same Triton behind GW_ALT gateway workers
+    pkill -f "serve.gateway.workers"; sleep 3
+    start_gateway "$GW_ALT" "$R/gateway_i${n}_w$GW_ALT.log"
+    step 120 "lt_gateway_i${n}_w$GW_ALT" $LT --target gateway --concurrency 64,160,256 --out "$R/lt_gateway_i${n}_w$GW_ALT.json"
+  fi
   stop_stack
 }
 ORDER=${ORDER:-$(for d in $DECODERS; do printf 'recipe:%s ' "$d"; done; for q in $QDELAYS; do printf 'queue_delay:%s ' "$q"; done)}

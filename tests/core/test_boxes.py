@@ -94,3 +94,48 @@ def test_nms_on_the_host_for_few_candidates_equals_the_gpu_path(conf, monkeypatc
     assert default[3] == on_gpu[3] and sum(default[3]) > 3
     for got, want in zip(default[:3], on_gpu[:3]):
         torch.testing.assert_close(got.cpu(), want.cpu(), check_dtype=False)
+
+
+def _random_pred(b: int, nc: int, a: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(b, 2, a, generator=g) * 300
+    wh = torch.rand(b, 2, a, generator=g) * 60 + 4
+    return torch.cat((xy, wh, torch.rand(b, nc, a, generator=g)), 1)
+
+
+def test_threshold_candidates_then_nms_equals_postprocess_flat():
+    """The server's path (a fixed-size buffer of the anchors over each image's threshold, then NMS of those) gives
+    postprocess_flat's detections: per-image thresholds, caps and class filters, and a padding image whose
+    threshold nothing passes."""
+    from yolov9.core.postprocess import postprocess_candidates, postprocess_flat, threshold_candidates
+    from yolov9.core.preprocess import LetterboxMeta
+
+    b, nc = 5, 6
+    pred = _random_pred(b, nc, 300)
+    conf, max_det = [0.9, 0.97, 0.8, 0.95, float("inf")], [100, 2, 50, 100, 100]
+    classes = [None, [1, 4], None, [0], None]
+    metas = [LetterboxMeta((480, 640), 0.5, (0.0, 80.0)), LetterboxMeta((600, 500), 1.0, (12.0, 0.0))] * 2
+    metas.append(metas[0])
+    over = int((pred[:, 4:].amax(1) > torch.tensor(conf)[:, None]).sum())
+    packed = threshold_candidates(pred, torch.tensor(conf), over + 7)
+    assert packed.shape == (over + 8, 7) and packed[-1].tolist() == [float(over)] * 7
+    got = postprocess_candidates(packed[:over], metas, nc, 0.5, max_det, classes)
+    want = postprocess_flat(pred, metas, conf, 0.5, max_det, classes)
+    assert got[3] == want[3] and sum(want[3]) > 10 and want[3][1] == 2 and want[3][4] == 0
+    for g_, w in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g_, w)
+
+
+def test_threshold_candidates_counts_those_past_its_buffer():
+    """A buffer smaller than the candidates keeps the first ones in (image, anchor) order and counts them all."""
+    from yolov9.core.postprocess import threshold_candidates
+
+    pred = _random_pred(3, 4, 200, seed=1)
+    conf = torch.tensor([0.8, 0.5, 0.9])
+    scores, cls = pred[:, 4:].max(1)
+    img, anchor = (scores > conf[:, None]).nonzero(as_tuple=True)
+    packed = threshold_candidates(pred, conf, 10)
+    assert len(img) > 10 and packed[-1, 0] == len(img)
+    assert packed[:10, 6].long().tolist() == img[:10].tolist()
+    torch.testing.assert_close(packed[:10, 4], scores[img[:10], anchor[:10]])
+    torch.testing.assert_close(packed[:10, :4], xywh2xyxy(pred[img[:10], :4, anchor[:10]]))

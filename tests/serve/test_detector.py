@@ -83,3 +83,36 @@ def test_bench_detector_in_several_processes(trained_tiny, coco48, tmp_path):
     # a process that cannot start (no such engine) is reported, not waited for
     bad = ["bench", "detector", str(tmp_path / "missing.pt"), "--images", str(images), "--device", "cpu"]
     assert main([*bad, "--procs", "2", "--batches", "2", "--iters", "1"]) == 2
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the captured step needs a CUDA GPU")
+        ),
+    ],
+)
+def test_more_candidates_than_the_step_keeps_fall_back_to_all_predictions(trained_tiny, coco48, device):
+    """A batch with more anchors over its thresholds than the step's buffer holds gets the same detections
+    (NMS of the raw predictions instead), on the CPU and through the captured graphs alike."""
+    blobs = [p.read_bytes() for p in sorted((coco48 / "images").glob("*.jpg"))[:3]]
+    reqs = [
+        Request(blobs[0], conf=0.01),
+        Request(blobs[1], conf=0.05, iou=0.6),
+        Request(blobs[2], conf=0.01, max_det=3),
+    ]
+    det = Detector(str(trained_tiny), device=device, img_size=160, max_det=50, max_batch=4)
+    det.warmup()
+    roomy = det(reqs)
+    assert det.predict(reqs).candidates[-1, 0] > 3  # one per image would not hold them
+    det.step.per_image = 1
+    det.run = (
+        type(det.run)(det.step, clone=False) if det.buckets else det.step
+    )  # captured again with the smaller buffer
+    tight = det(reqs)
+    assert sum(n for _, n in roomy) > 3
+    for (a, n), (b, m) in zip(roomy, tight):
+        assert n == m
+        torch.testing.assert_close(a, b)

@@ -275,6 +275,8 @@ def test_prepare_batch_equals_letterbox_image_by_image():
     assert torch.equal(batch, torch.stack([b for b, _ in one_by_one]))
     assert metas == [m for _, m in one_by_one]
     assert prepare_batch([], 320)[0].shape == (0, 3, 320, 320)
+    padded, _ = prepare_batch(images, 320, rows=len(images) + 2)  # up to a batch size with a CUDA graph
+    assert torch.equal(padded[: len(images)], batch) and bool((padded[len(images) :] == 114).all())
 
 
 def test_voc_yaml_split_files_and_class_names_from_the_xmls(coco48, tmp_path):
