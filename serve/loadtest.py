@@ -68,18 +68,17 @@ def _client(step: Step):
                 return "", json.loads(body)["latency_ms"] / 1000
 
         return send, session.close
-    import tritonclient.grpc.aio as grpcclient
+    from yolov9.serve.gateway.backend import infer_stub, triton_request
 
-    from yolov9.serve.gateway.backend import triton_request
-
-    client = grpcclient.InferenceServerClient(step.url)
+    stub = infer_stub(step.url)
 
     async def send(data: bytes) -> tuple[str, float | None]:
-        inputs, outputs = triton_request(data, step.conf)  # the very request the gateway sends
-        await client.infer(step.model, inputs, outputs=outputs, client_timeout=step.timeout)
+        request = triton_request(data, step.conf)  # the very request the gateway sends, the same way
+        request.model_name = step.model
+        await stub.ModelInfer(request, timeout=step.timeout)
         return "", None
 
-    return send, client.close
+    return send, stub.channel.close
 
 
 def split_load(step: Step, procs: int) -> list[tuple[float, int]]:

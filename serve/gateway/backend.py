@@ -15,8 +15,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as rpc
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.errors import BadInput
@@ -32,7 +35,8 @@ class BackendError(Exception):
 
 
 def classify(e: Exception) -> BackendError:
-    msg = str(e)
+    # a gRPC error's own text is a multi-line dump; its status and Triton's message say it all
+    msg = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else str(e)
     low = msg.lower()
     if "bad image" in low:
         return BackendError("bad_image", msg.split("bad image:", 1)[-1].strip())
@@ -57,10 +61,13 @@ def version_of(triton_model: str, base: str) -> int | None:
 
 @dataclass
 class Endpoint:
-    """One Triton server as this worker sees it."""
+    """One Triton server as this worker sees it: tritonclient's client for health and configuration, and the
+    inference service's own stub for detect requests (built as Triton's protobuf message directly: no per-request
+    wrapper objects, no copy of the image into an array)."""
 
     url: str
     client: grpcclient.InferenceServerClient
+    infer: rpc.GRPCInferenceServiceStub
     metrics_url: str | None = None
     healthy: bool = False
     versions: dict[int, str] = field(default_factory=dict)  # version -> state, from the repository index
@@ -110,7 +117,7 @@ class TritonPool:
         self.model, self.timeout_s, self.health_interval_s = model, timeout_s, health_interval_s
         metrics_urls = metrics_urls or [None] * len(urls)
         self.endpoints = [
-            Endpoint(u, grpcclient.InferenceServerClient(u, channel_args=CHANNEL_ARGS), m)
+            Endpoint(u, grpcclient.InferenceServerClient(u, channel_args=CHANNEL_ARGS), infer_stub(u), m)
             for u, m in zip(urls, metrics_urls)
         ]
         self._rr = itertools.count()
@@ -132,6 +139,7 @@ class TritonPool:
         if self._task is not None:
             self._task.cancel()
         await asyncio.gather(*(e.client.close() for e in self.endpoints), return_exceptions=True)
+        await asyncio.gather(*(e.infer.channel.close() for e in self.endpoints), return_exceptions=True)
 
     async def _watch(self) -> None:
         while True:
@@ -218,10 +226,10 @@ class TritonPool:
         """((n, 6) detections x1, y1, x2, y2, score, class in original pixels, version). A request that fails
         because its endpoint is down or timed out is retried once on another; that endpoint is taken out until
         its health check passes."""
-        inputs, outputs = triton_request(data, conf, iou, max_det, classes)
+        request = triton_request(data, conf, iou, max_det, classes)
         first = self._pick()
         try:
-            return await self._infer(first, inputs, outputs)
+            return await self._infer(first, request)
         except BackendError as err:
             if err.kind not in ("unavailable", "timeout"):
                 raise
@@ -230,17 +238,16 @@ class TritonPool:
             others = [e for e in self.endpoints if e.healthy and e is not first]
             if not others and not first.healthy:
                 raise
-            return await self._infer(self._pick(exclude=first) if others else first, inputs, outputs)
+            return await self._infer(self._pick(exclude=first) if others else first, request)
 
-    async def _infer(self, e: Endpoint, inputs, outputs):
+    async def _infer(self, e: Endpoint, request: pb.ModelInferRequest):
         version = e.serving or 1
+        request.model_name = model_name(self.model, version)
         e.outstanding += 1
         e.requests += 1
         t0 = time.perf_counter()
         try:
-            r = await e.client.infer(
-                model_name(self.model, version), inputs, outputs=outputs, client_timeout=self.timeout_s
-            )
+            r = await e.infer.ModelInfer(request, timeout=self.timeout_s)
         except Exception as err:  # grpc channel errors surface as other types than InferenceServerException
             e.errors += 1
             metrics.child(metrics.ENDPOINT_ERRORS, e.url).inc()
@@ -251,8 +258,7 @@ class TritonPool:
         e.latency_ms = ms if e.latency_ms is None else 0.9 * e.latency_ms + 0.1 * ms
         metrics.child(metrics.ENDPOINT_LATENCY, e.url).observe(ms / 1000)
         metrics.child(metrics.ENDPOINT_REQUESTS, e.url).inc()
-        n = int(r.as_numpy("NUM_DETS").reshape(-1)[0])
-        return r.as_numpy("DETECTIONS")[0, :n], version
+        return read_detections(r), version
 
 
 _DECODER_LINE = re.compile(r"^yolov9_decoder_info\{([^}]*)\}\s+([0-9.eE+-]+)", re.M)
@@ -268,28 +274,45 @@ def decoder_counts(metrics_text: str, base: str) -> dict[str, int]:
     return out
 
 
+def infer_stub(url: str) -> rpc.GRPCInferenceServiceStub:
+    """Triton's inference service on its own channel; the channel is kept as `.channel` to close it."""
+    channel = grpc.aio.insecure_channel(url, options=CHANNEL_ARGS)
+    stub = rpc.GRPCInferenceServiceStub(channel)
+    stub.channel = channel
+    return stub
+
+
+_PARAMS = (
+    ("CONF", "FP32", np.float32, CONF),
+    ("IOU", "FP32", np.float32, IOU),
+    ("MAX_DET", "INT32", np.int32, MAX_DET),
+)
+
+
 def triton_request(
     data: bytes, conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET, classes: list[int] | None = None
-):
-    """The inputs and requested outputs of one detect request to the Triton model. A parameter at the model's
-    own default is left out: each input is one more tensor for the client to serialise and for Triton and the
-    model's stub to pass along, per request."""
-    arr = np.frombuffer(data, dtype=np.uint8)[None]
-    inputs = [grpcclient.InferInput("IMAGE", list(arr.shape), "UINT8")]
-    inputs[0].set_data_from_numpy(arr)
-    for name, value, default, dtype in (
-        ("CONF", conf, CONF, np.float32),
-        ("IOU", iou, IOU, np.float32),
-        ("MAX_DET", max_det, MAX_DET, np.int32),
-    ):
-        if value == default:
-            continue
-        t = grpcclient.InferInput(name, [1, 1], "FP32" if dtype is np.float32 else "INT32")
-        t.set_data_from_numpy(np.array([[value]], dtype=dtype))
-        inputs.append(t)
+) -> pb.ModelInferRequest:
+    """One detect request to the Triton model as the gRPC message (its model_name set by the sender): the encoded
+    image as it came and the parameters, raw. A parameter at the model's own default is left out: each input is
+    one more tensor for Triton and the model's stub to pass along, per request."""
+    request = pb.ModelInferRequest()
+    request.inputs.add(name="IMAGE", datatype="UINT8", shape=[1, len(data)])
+    raw = [data]
+    for (name, kind, dtype, default), value in zip(_PARAMS, (conf, iou, max_det)):
+        if value != default:
+            request.inputs.add(name=name, datatype=kind, shape=[1, 1])
+            raw.append(np.array(value, dtype).tobytes())
     if classes:
-        t = grpcclient.InferInput("CLASSES", [1, len(classes)], "INT32")
-        t.set_data_from_numpy(np.array([classes], dtype=np.int32))
-        inputs.append(t)
-    outputs = [grpcclient.InferRequestedOutput("DETECTIONS"), grpcclient.InferRequestedOutput("NUM_DETS")]
-    return inputs, outputs
+        request.inputs.add(name="CLASSES", datatype="INT32", shape=[1, len(classes)])
+        raw.append(np.array(classes, np.int32).tobytes())
+    request.raw_input_contents.extend(raw)
+    request.outputs.add(name="DETECTIONS")
+    request.outputs.add(name="NUM_DETS")
+    return request
+
+
+def read_detections(response: pb.ModelInferResponse) -> np.ndarray:
+    """(n, 6) x1, y1, x2, y2, score, class from the model's answer (its DETECTIONS rows past NUM_DETS are padding)."""
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents))
+    n = int(np.frombuffer(raw["NUM_DETS"], np.int32)[0])
+    return np.frombuffer(raw["DETECTIONS"], np.float32).reshape(-1, 6)[:n]
