@@ -58,10 +58,11 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
         by_size.setdefault(tuple(im.shape[-2:]), []).append(k)
     for (h, w), idx in by_size.items():
         r, (nh, nw), (pl, pt), _ = letterbox_params(h, w, size)
-        group = resize_uint8(torch.stack([images[k].to(device) for k in idx]), (nh, nw))
-        # an image alone in its size (most, in a batch of assorted photos) is one copy; no index tensor to send
-        at = idx[0] if len(idx) == 1 else torch.tensor(idx, device=device)
-        out[at, :, pt : pt + nh, pl : pl + nw] = group[0] if len(idx) == 1 else group
+        if len(idx) == 1:  # alone in its size (most, in a batch of assorted photos): one copy, no index to send
+            out[idx[0], :, pt : pt + nh, pl : pl + nw] = resize_uint8(images[idx[0]].to(device)[None], (nh, nw))[0]
+        else:
+            group = resize_uint8(torch.stack([images[k].to(device) for k in idx]), (nh, nw))
+            out[torch.tensor(idx, device=device), :, pt : pt + nh, pl : pl + nw] = group
         for k in idx:
             metas[k] = LetterboxMeta((h, w), r, (pl, pt))
     return out, metas
