@@ -147,13 +147,20 @@ def raw_outputs(model: nn.Module):
             h.raw = False
 
 
+def in_compiled_trace() -> bool:
+    """True while dynamo traces this code for torch.compile, where a building block takes its compiled form. Not
+    torch.compiler.is_compiling(): that flag is process-wide, true in every thread while any thread compiles (the
+    loss compiled in the background), and eager code would take the compiled form then."""
+    return torch.compiler.is_dynamo_compiling()
+
+
 def avg_pool_2x2_s1(x: torch.Tensor) -> torch.Tensor:
     """The 2x2, stride-1 average pool of AConv and ADown; training on a GPU takes the shifted-sum form, inference
     and the CPU the pooling operator (the same values to rounding; exports keep one AveragePool node)."""
     if _gpu_training(x):
         # compiled (torch.compile), the sums go in as plain ops: autograd derives their backward and inductor fuses
         # it; the custom Function there gave zero gradients upstream on the GPU (docs/benchmarks.md, sixteenth session)
-        return _shift_avg_pool_2x2(x) if torch.compiler.is_compiling() else _ShiftAvgPool2x2.apply(x)
+        return _shift_avg_pool_2x2(x) if in_compiled_trace() else _ShiftAvgPool2x2.apply(x)
     return F.avg_pool2d(x, 2, 1, 0, ceil_mode=False, count_include_pad=True)
 
 
@@ -254,9 +261,7 @@ class SP(nn.Module):
         self.m = nn.MaxPool2d(kernel_size=k, stride=s, padding=k // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # is_dynamo_compiling, not is_compiling: the latter is a process-wide flag, true in every thread while any
-        # thread compiles (a background compile of the loss)
-        if self.training and self.m.stride == 1 and torch.compiler.is_dynamo_compiling():
+        if self.training and self.m.stride == 1 and in_compiled_trace():
             return max_pool_same(x, self.m.kernel_size)
         return self.m(x)
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from yolov9.core.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
+from yolov9.core.modules import in_compiled_trace
 from yolov9.train.config import LossGains
 from yolov9.train.data.targets import pad_targets
 
@@ -49,7 +50,7 @@ class TaskAlignedAssigner:
             )
         # compiled, the box count is symbolic: chunking by it would guard on it and recompile the loss whenever a
         # batch's count changes the chunks, so the chunks are sized for a fixed count (memory grows with the count)
-        sized_for = COMPILED_CHUNK_BOXES if torch.compiler.is_compiling() else n
+        sized_for = COMPILED_CHUNK_BOXES if in_compiled_trace() else n
         step = max(1, self.max_elements // (sized_for * anchors.shape[0]))
         if step >= b:
             return self._assign(pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt)

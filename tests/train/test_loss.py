@@ -64,3 +64,18 @@ def test_assigner_in_image_chunks_gives_the_same_assignment():
     for max_elements in (1, 2 * 12 * batch[2].shape[0]):  # one image per chunk; two
         for got, want in zip(TaskAlignedAssigner(7, max_elements=max_elements)(*batch), whole):
             assert torch.equal(got, want)
+
+
+def test_an_eager_assigner_sizes_its_chunks_by_its_boxes_while_another_thread_compiles(monkeypatch):
+    """The compiled assigner sizes its image chunks for a fixed box count; an eager call (the uncompiled loss while
+    the compiled one builds in the background) sizes them by its own count, though torch's compile flag is then
+    true process-wide."""
+    batch = _crowded_batch(b=6)
+    assigner = TaskAlignedAssigner(7, max_elements=2 * 12 * batch[2].shape[0])  # two images of 12 boxes per chunk
+    calls = []
+    inner = assigner._assign
+    monkeypatch.setattr(assigner, "_assign", lambda *a: calls.append(len(a[0])) or inner(*a))
+    with torch.compiler._compile_session_context():  # what a compiling thread holds
+        assert torch.compiler.is_compiling()
+        assigner(*batch)
+    assert calls == [2, 2, 2]
