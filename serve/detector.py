@@ -140,8 +140,8 @@ class Detector:
         if not ok:
             return results
         cand = cand.cpu()  # the batch's one synchronisation before NMS
-        n = int(cand[-1, 0])
-        cand = cand[:n] if n < len(cand) else None  # None: the buffer could not hold them all
+        total = int(cand[-1, 0])
+        cand = cand[:total] if total < len(cand) else None  # None: the buffer could not hold them all
         out = torch.zeros(len(ok), self.max_det, 6)  # responses leave through host memory
         counts = [0] * len(ok)
         for iou in sorted({requests[k].iou for k in ok}):
