@@ -16,9 +16,9 @@ from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.serve.detector import Detector, Request, cpu_threads_per_instance
 
 
-def _input(request, name):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    return None if t is None else torch.from_dlpack(t.to_dlpack())
+def _inputs(request) -> dict[str, torch.Tensor]:
+    """The request's inputs by name, in one pass (the optional parameters are absent when at their defaults)."""
+    return {t.name(): torch.from_dlpack(t.to_dlpack()) for t in request.inputs()}
 
 
 class _Metrics:
@@ -108,9 +108,9 @@ class TritonPythonModel:
         parsed = []
         for req in requests:
             # the encoded bytes are read where the request holds them: no copy before the decoder's
-            data = memoryview(_input(req, "IMAGE").reshape(-1).numpy())
-            conf, iou = _input(req, "CONF"), _input(req, "IOU")
-            max_det, classes = _input(req, "MAX_DET"), _input(req, "CLASSES")
+            given = _inputs(req)
+            data = memoryview(given["IMAGE"].reshape(-1).numpy())
+            conf, iou, max_det, classes = (given.get(k) for k in ("CONF", "IOU", "MAX_DET", "CLASSES"))
             parsed.append(
                 Request(
                     data,
