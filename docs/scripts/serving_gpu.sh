@@ -10,7 +10,8 @@
 # Steps: the decode and detector GPU tests; a yolov9-s trained and exported; `bench detector` per decoder in one
 # process and in six under MPS; a profile of batches of 1 and 8 (detector_profile.py); then the README's recipe once
 # per decoder inside Triton (DECODERS: auto, which picks nvJPEG on a GPU, then nvImageCodec), each time the gateway
-# and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12 (also in instances:N); LT_PROCS load processes; last,
+# and Triton direct at the same loads and `val --url`; once the gateway with GW_ALT workers instead of 12 (also in
+# instances:N); LT_PROCS load-generator processes (4); last,
 # Triton direct with each of QDELAYS (us) as the batcher's queue delay (ORDER: the recipe and queue-delay runs in
 # another order, e.g. "recipe:auto queue_delay:0 recipe:nvimgcodec"; "instances:N" serves with N model instances).
 # BEFORE (optional): a checkout of older code
