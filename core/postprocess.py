@@ -97,7 +97,7 @@ def nms_flat(
     boxes = xywh2xyxy(pred[img, :4, anchor])
     if dev.type != "cpu" and len(s) <= HOST_NMS_MAX:
         boxes, s, c, img = _to_host(boxes, s, c, img)
-    return _suppress(boxes, s, c, img, b, nc, iou, max_det)
+    return _suppress((boxes, s, c, img), b, nc, iou, max_det)
 
 
 def _per_image(value: float | list[float], b: int, dev: torch.device) -> torch.Tensor:
@@ -117,9 +117,10 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
     return allow
 
 
-def _suppress(boxes, s, c, img, b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
-    """NMS per (image, class) over the candidates (xyxy boxes, scores, classes, images), then at most max_det per
-    image, grouped by image in score order."""
+def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
+    """NMS per (image, class) over the candidates (xyxy boxes, scores, classes, images) of b images, then at most
+    max_det per image, grouped by image in score order."""
+    boxes, s, c, img = cand
     dev = boxes.device
     per_max = _per_image(max_det, b, dev)
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
@@ -173,7 +174,7 @@ def postprocess_candidates(
         cand, img = cand[keep], img[keep]
     if gpu is not None and cand.device.type == "cpu" and len(cand) > HOST_NMS_MAX:
         cand, img = cand.to(gpu), img.to(gpu)
-    flat = _suppress(cand[:, :4], cand[:, 4], cand[:, 5].long(), img, len(metas), nc, iou, max_det)
+    flat = _suppress((cand[:, :4], cand[:, 4], cand[:, 5].long(), img), len(metas), nc, iou, max_det)
     return _to_original(flat, metas)
 
 
