@@ -78,7 +78,7 @@ def nms_flat(
     pred = main_head(pred)
     b, nc = pred.shape[0], pred.shape[1] - 4
     dev = pred.device
-    per_conf = _per_image(conf, b, dev)
+    per_conf = _one_per_image(conf, b, dev)
     allow = _allowed(classes, b, nc, dev)
     if multi_label:  # every class above the threshold is a candidate (the official validation protocol)
         scores = pred[:, 4:] if allow is None else pred[:, 4:] * allow[:, :, None]
@@ -100,7 +100,8 @@ def nms_flat(
     return _suppress((boxes, s, c, img), b, nc, iou, max_det)
 
 
-def _per_image(value: float | list[float], b: int, dev: torch.device) -> torch.Tensor:
+def _one_per_image(value: float | list[float], b: int, dev: torch.device) -> torch.Tensor:
+    """(b,): a list of per-image values as given, or one value for every image."""
     return torch.as_tensor(value if isinstance(value, (list, tuple)) else [value] * b, device=dev)
 
 
@@ -122,7 +123,7 @@ def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_d
     max_det per image, grouped by image in score order."""
     boxes, s, c, img = cand
     dev = boxes.device
-    per_max = _per_image(max_det, b, dev)
+    per_max = _one_per_image(max_det, b, dev)
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
     owner = img[keep]
     order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
