@@ -3,6 +3,7 @@ checks and the server (on the CPU or on the GPU, same code); core/postprocess.py
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,11 +47,25 @@ def to_input(batch_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> t
     return batch_uint8.to(dtype).div_(255)
 
 
-def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.device = "cpu", rows: int = 0):
+def prepare_batch(
+    images: list[torch.Tensor], size: int, device: str | torch.device = "cpu", rows: int = 0, kernel: bool = True
+):
     """Letterbox a list of decoded images into one uint8 (B, 3, size, size) batch on `device`, as letterbox()
     would one by one; with rows > B the batch has that many, the last ones blank (padding up to a batch size the
-    server has a CUDA graph for). Images of one size share one resize call: a serving batch of 64 photos has a
-    handful of sizes, so this launches a few kernels per size instead of several per image."""
+    server has a CUDA graph for). On a CUDA device the whole batch is one kernel (core/letterbox_kernel.py) unless
+    `kernel` is False or it cannot run there; elsewhere images of one size share one resize call."""
+    device = torch.device(device)
+    if kernel and device.type == "cuda" and letterbox_kernel_runs(device):
+        from yolov9.core.letterbox_kernel import letterbox_batch
+
+        out, placed = letterbox_batch([im.to(device) for im in images], size, rows, PAD_VALUE)
+        return out, [LetterboxMeta(tuple(im.shape[-2:]), r, pad) for im, (r, pad) in zip(images, placed)]
+    return _prepare_by_size(images, size, device, rows)
+
+
+def _prepare_by_size(images: list[torch.Tensor], size: int, device: torch.device, rows: int):
+    """The reference path: a serving batch of 64 photos has a handful of sizes, so this launches a few kernels per
+    size instead of several per image."""
     out = torch.full((max(rows, len(images)), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
     metas: list = [None] * len(images)
     by_size: dict[tuple[int, int], list[int]] = {}
@@ -66,3 +81,20 @@ def prepare_batch(images: list[torch.Tensor], size: int, device: str | torch.dev
         for k in idx:
             metas[k] = LetterboxMeta((h, w), r, (pl, pt))
     return out, metas
+
+
+@functools.cache
+def letterbox_kernel_runs(device: torch.device) -> bool:
+    """Whether the one-kernel letterbox compiles and runs on this GPU (Triton imports and finds its compiler); if
+    not, the per-size path serves and the reason is printed once. False off CUDA devices."""
+    if device.type != "cuda":
+        return False
+    try:
+        from yolov9.core.letterbox_kernel import letterbox_batch
+
+        letterbox_batch([torch.zeros(3, 2, 3, dtype=torch.uint8, device=device)], 32)
+        return True
+    except Exception as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"letterbox kernel unavailable on {device} ({reason}); letterboxing size by size", flush=True)
+        return False

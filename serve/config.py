@@ -133,6 +133,11 @@ class BenchDetectorConfig:
     warmup: int = option(3, "untimed batches per size")
     cuda_graphs: bool = option(True, "run the engine with CUDA-graph buckets (--no-cuda-graphs: without)")
     decoder: Decoder = option(DECODER_HELP[0], DECODER_HELP[1])
+    letterbox_kernel: bool = option(
+        True,
+        "on a GPU, letterbox the whole batch in one Triton kernel (--no-letterbox-kernel: one resize per image size, "
+        "the reference path, to compare)",
+    )
     procs: int = option(
         1,
         "run it in this many processes at once (as that many Triton instances would) and report their combined "

@@ -84,6 +84,8 @@ class Detector:
         self.max_det = max_det
         self.names = self.engine.names
         self.decoder = pick_decoder(self.device, decoder)  # core/decode.py: nvImageCodec, nvJPEG or the CPU
+        # on a GPU, the batch's letterbox in one kernel; False: the per-size reference path (core/preprocess.py)
+        self.letterbox_kernel = True
         self.buckets = graph_buckets(max_batch) if cuda_graphs and self.device.type == "cuda" else []
         self.step = DetectionStep(self.engine)
         self.gpu = self.device if self.device.type == "cuda" else None  # where NMS of many candidates runs
@@ -92,6 +94,8 @@ class Detector:
 
     def warmup(self) -> None:
         size = self.engine.img_size
+        # the letterbox kernel compiles at its first call: here, not in the first request
+        prepare_batch([torch.zeros(3, 2, 3, dtype=torch.uint8)], size, self.device, kernel=self.letterbox_kernel)
         for b in self.buckets or [1]:
             batch = torch.zeros(b, 3, size, size, device=self.device, dtype=self.step.dtype)
             conf = torch.full((b,), CONF, device=self.device)
@@ -113,7 +117,9 @@ class Detector:
         if not ok:
             return Predicted(results, ok, [], None, None)
         rows = next((b for b in self.buckets if b >= len(ok)), len(ok))
-        batch, metas = prepare_batch([results[k] for k in ok], self.engine.img_size, self.device, rows=rows)
+        batch, metas = prepare_batch(
+            [results[k] for k in ok], self.engine.img_size, self.device, rows=rows, kernel=self.letterbox_kernel
+        )
         conf = torch.tensor([requests[k].conf for k in ok] + [float("inf")] * (rows - len(ok)))
         lap("letterbox")
         cand, pred = self.run(batch, conf) if rows in self.buckets else self.step(batch, conf.to(self.device))
