@@ -74,7 +74,7 @@ def letterbox_params(
     th, tw = (size, size) if isinstance(size, int) else size
     r = min(th / h, tw / w)
     r = r if scaleup else min(r, 1.0)
-    nh, nw = round(h * r), round(w * r)
+    nh, nw = max(round(h * r), 1), max(round(w * r), 1)  # a sliver (4000 x 1) keeps one row, not none
     out_h, out_w = (math.ceil(nh / stride) * stride, math.ceil(nw / stride) * stride) if auto else (th, tw)
     return r, (nh, nw), ((out_w - nw) // 2, (out_h - nh) // 2), (out_h, out_w)
 

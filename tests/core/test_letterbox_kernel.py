@@ -12,7 +12,8 @@ import torch
 
 from tests.conftest import requires_cuda
 
-# sizes that exercise the arithmetic: shrink, exact fit, upscale, tall and wide slivers, a single pixel, repeats
+# sizes that exercise the arithmetic: shrink, exact fit, upscale, tall and wide slivers (one a single row that
+# shrinks to one), a single pixel, repeats
 _COMPARE = """
 import sys, torch
 from yolov9.core.decode import decode_image
@@ -23,7 +24,8 @@ from yolov9.core.preprocess import prepare_batch
 size, device = int(sys.argv[1]), sys.argv[2]
 shipped = [decode_image(f) for f in sorted(sample_images())]
 im = shipped[0]
-images = shipped + [im[:, :size, :size], im[:, :40, :30], im[:, :, :9], im[:, :7, :], im[:, :1, :1], shipped[0]]
+images = shipped + [im[:, :size, :size], im[:, :40, :30], im[:, :, :9], im[:, :7, :], im[:, :1, :], im[:, :1, :1]]
+images.append(shipped[0])
 images = [x.contiguous().to(device) for x in images]
 rows = len(images) + 2
 out, placed = letterbox_batch(images, size, rows)

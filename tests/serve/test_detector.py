@@ -1,3 +1,5 @@
+import io
+
 import pytest
 import torch
 
@@ -51,6 +53,22 @@ def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, co
         got, n = batched[k]
         assert n == m and n <= min(r.max_det, 50)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)  # padding rows stay zero too
+
+
+def test_a_sliver_of_an_image_is_served_with_its_batch(trained_tiny, coco48):
+    """A 4000 x 1 photo letterboxes to one row (not zero, which the resize refuses): it gets an answer and the
+    requests batched with it get theirs."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 1), (200, 30, 30)).save(buf, "JPEG")
+    good = sorted((coco48 / "images").glob("*.jpg"))[0].read_bytes()
+    det = Detector(str(trained_tiny), device="cpu", img_size=160, max_det=50)
+    out = det([Request(good, conf=0.05), Request(buf.getvalue()), Request(good, conf=0.05)])
+    assert not any(isinstance(r, Exception) for r in out)
+    ((alone, n),) = det([Request(good, conf=0.05)])
+    assert out[0][1] == out[2][1] == n and out[1][1] >= 0
+    torch.testing.assert_close(out[0][0], alone, rtol=1e-4, atol=1e-3)
 
 
 def test_bench_detector_reports_each_batch(trained_tiny, coco48, tmp_path):
