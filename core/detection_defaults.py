@@ -6,6 +6,22 @@ from dataclasses import dataclass
 CONF = 0.25  # score threshold
 IOU = 0.45  # NMS IoU threshold
 MAX_DET = 100  # detections per image
+MAX_DET_LIMIT = 1000  # the most a request may ask for
+
+
+def threshold_problem(conf: float, iou: float, max_det: int, classes: list[int] | None = None) -> str | None:
+    """What is wrong with one request's parameters, in one line, or None. The server checks every request it is
+    sent (a NaN IoU would otherwise fail the whole batch it was put in); the gateway's query model states the same
+    bounds, so its clients never reach this."""
+    if not 0.0 <= conf <= 1.0:  # NaN fails every comparison
+        return f"conf {conf} is not in [0, 1]"
+    if not 0.0 < iou <= 1.0:
+        return f"iou {iou} is not in (0, 1]"
+    if not 1 <= max_det <= MAX_DET_LIMIT:
+        return f"max_det {max_det} is not in [1, {MAX_DET_LIMIT}]"
+    if classes and min(classes) < 0:
+        return f"class id {min(classes)} is negative"
+    return None
 
 
 @dataclass(frozen=True)

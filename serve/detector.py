@@ -13,9 +13,10 @@ from typing import NamedTuple
 import torch
 
 from yolov9.core.decode import Encoded, decode_images, pick_decoder
-from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, threshold_problem
+from yolov9.core.errors import BadInput
 from yolov9.core.postprocess import main_head, postprocess_candidates, postprocess_flat, threshold_candidates
-from yolov9.core.preprocess import ImageError, prepare_batch, to_input
+from yolov9.core.preprocess import prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
 from yolov9.export.engine import Engine, load_engine
 
@@ -108,12 +109,15 @@ class Detector:
                 return
 
     def predict(self, requests: list[Request], lap: _Stopwatch | None = None) -> Predicted:
-        """Decode, letterbox and run the step on the decodable images (padded up to their bucket with blank images
-        that no threshold lets through)."""
+        """Decode, letterbox and run the step on the decodable images of the requests with valid parameters
+        (padded up to their bucket with blank images that no threshold lets through)."""
         lap = lap or _Stopwatch(None, self.device)
         results: list = decode_images([r.data for r in requests], self.device, self.decoder)
         lap("decode")
-        ok = [k for k, img in enumerate(results) if not isinstance(img, ImageError)]
+        for k, r in enumerate(requests):
+            if problem := threshold_problem(r.conf, r.iou, r.max_det, r.classes):
+                results[k] = BadInput(problem)
+        ok = [k for k, img in enumerate(results) if not isinstance(img, BadInput)]
         if not ok:
             return Predicted(results, ok, [], None, None)
         rows = next((b for b in self.buckets if b >= len(ok)), len(ok))
@@ -128,9 +132,10 @@ class Detector:
 
     def __call__(
         self, requests: list[Request], timings: dict[str, float] | None = None
-    ) -> list[tuple[torch.Tensor, int] | ImageError]:
+    ) -> list[tuple[torch.Tensor, int] | BadInput]:
         """Per request: ((max_det, 6) x1, y1, x2, y2, score, class in original pixels, zero-padded, on the CPU;
-        count) or the error that request's image raised (other requests in the batch still succeed).
+        count), or the request's error: an ImageError for its image, a BadInput for its parameters (the other
+        requests in the batch still succeed).
 
         The whole batch goes through one batched decode, one step (engine and candidates), one copy of the
         candidates to the host and one NMS per distinct IoU value. `timings` accumulates seconds per stage
@@ -141,7 +146,7 @@ class Detector:
         finally:
             lap.close()
 
-    def _detect(self, requests: list[Request], lap: _Stopwatch) -> list[tuple[torch.Tensor, int] | ImageError]:
+    def _detect(self, requests: list[Request], lap: _Stopwatch) -> list[tuple[torch.Tensor, int] | BadInput]:
         results, ok, metas, cand, pred = self.predict(requests, lap)
         if not ok:
             return results
@@ -192,7 +197,7 @@ def _only_images(cand: torch.Tensor, rows: list[int], b: int) -> torch.Tensor:
 
 
 class Predicted(NamedTuple):
-    """Detector.predict's result: per request its decoded image or its ImageError, the indices of the decodable
+    """Detector.predict's result: per request its decoded image or its error (BadInput), the indices of the decodable
     requests, their letterbox metas, the step's candidate buffer (threshold_candidates) and raw predictions
     (B, 4 + nc, A), both on the device and B padded up to the bucket (None, None without a decodable image)."""
 

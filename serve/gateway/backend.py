@@ -27,7 +27,7 @@ from yolov9.serve.gateway import metrics
 
 
 class BackendError(Exception):
-    """kind: 'unavailable' (503), 'timeout' (504), 'bad_image' (400), 'internal' (500)."""
+    """kind: 'unavailable' (503), 'timeout' (504), 'bad_image' (400), 'invalid_parameters' (422), 'internal' (500)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -40,6 +40,8 @@ def classify(e: Exception) -> BackendError:
     low = msg.lower()
     if "bad image" in low:
         return BackendError("bad_image", msg.split("bad image:", 1)[-1].strip())
+    if "invalid parameters:" in low:  # the model checks each request's parameters too (a Triton-direct client)
+        return BackendError("invalid_parameters", msg.split("invalid parameters:", 1)[-1].strip())
     if "deadline" in low or "timeout" in low or "timed out" in low:
         return BackendError("timeout", "inference timed out")
     if any(w in low for w in ("unavailable", "connect", "queue", "not ready", "exceeds", "unknown model", "not found")):

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from yolov9.serve.gateway import metrics
 from yolov9.serve.gateway.backend import BackendError
 
-BACKEND_STATUS = {"bad_image": 400, "unavailable": 503, "timeout": 504, "internal": 500}
+BACKEND_STATUS = {"bad_image": 400, "invalid_parameters": 422, "unavailable": 503, "timeout": 504, "internal": 500}
 
 
 class GatewayError(Exception):

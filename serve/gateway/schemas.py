@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, MAX_DET_LIMIT
 
 
 class Detection(BaseModel):
@@ -38,7 +38,7 @@ class DetectQuery(BaseModel):
 
     conf: float = Field(CONF, ge=0.0, le=1.0, description="score threshold")
     iou: float = Field(IOU, gt=0.0, le=1.0, description="NMS IoU threshold")
-    max_det: int = Field(MAX_DET, ge=1, le=1000, description="maximum detections per image")
+    max_det: int = Field(MAX_DET, ge=1, le=MAX_DET_LIMIT, description="maximum detections per image")
     classes: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="comma-separated class ids to keep")
 
     def class_ids(self) -> list[int] | None:

@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
+from yolov9.core.image_io import ImageError
 from yolov9.serve.detector import Detector, Request, cpu_threads_per_instance
 
 
@@ -126,7 +127,8 @@ class TritonPythonModel:
         responses = []
         for res in results:
             if isinstance(res, Exception):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad image: {res}")))
+                what = "bad image" if isinstance(res, ImageError) else "invalid parameters"
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{what}: {res}")))
                 continue
             dets, n = res
             out = [

@@ -55,6 +55,26 @@ def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, co
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)  # padding rows stay zero too
 
 
+def test_bad_parameters_fail_only_their_request(trained_tiny, coco48):
+    """Parameters out of range (a Triton-direct client has no gateway to check them) give that request a one-line
+    error; a NaN IoU used to fail the whole batch it was put in."""
+    good = sorted((coco48 / "images").glob("*.jpg"))[0].read_bytes()
+    det = Detector(str(trained_tiny), device="cpu", img_size=160, max_det=50)
+    bad = [dict(iou=float("nan")), dict(conf=2.0), dict(conf=float("nan")), dict(max_det=0), dict(classes=[-1])]
+    out = det([Request(good, conf=0.05)] + [Request(good, **kw) for kw in bad] + [Request(good, conf=0.05)])
+    errors = [str(r) for r in out[1:-1]]
+    assert errors == [
+        "iou nan is not in (0, 1]",
+        "conf 2.0 is not in [0, 1]",
+        "conf nan is not in [0, 1]",
+        "max_det 0 is not in [1, 1000]",
+        "class id -1 is negative",
+    ]
+    ((alone, n),) = det([Request(good, conf=0.05)])
+    assert n > 0 and out[0][1] == out[-1][1] == n
+    torch.testing.assert_close(out[0][0], alone, rtol=1e-4, atol=1e-3)
+
+
 def test_a_sliver_of_an_image_is_served_with_its_batch(trained_tiny, coco48):
     """A 4000 x 1 photo letterboxes to one row (not zero, which the resize refuses): it gets an answer and the
     requests batched with it get theirs."""

@@ -186,6 +186,34 @@ def test_bad_input_gets_clear_error_and_server_stays_healthy(gateway, coco48, ca
     assert httpx.get(f"{gateway.url}/readyz").status_code == 200
 
 
+def test_triton_direct_bad_parameters_fail_only_their_request(triton, coco48):
+    """A Triton-direct client (no gateway to validate) sends a NaN IoU in a batch with good requests: it alone gets
+    an error that names the parameter (422 when a gateway relays it); the others are answered."""
+    import grpc
+
+    from yolov9.serve.gateway.backend import classify, infer_stub, read_detections, triton_request
+
+    good = _coco_images(coco48, 1)[0]
+
+    async def send_all():
+        stub = infer_stub(triton.grpc_url)
+        requests = [triton_request(good, CONF) for _ in range(3)]
+        requests[1] = triton_request(good, CONF, iou=float("nan"))
+        for r in requests:
+            r.model_name = "yolov9"
+        try:
+            return await asyncio.gather(*(stub.ModelInfer(r, timeout=60) for r in requests), return_exceptions=True)
+        finally:
+            await stub.channel.close()
+
+    answers = asyncio.run(send_all())
+    assert isinstance(answers[1], grpc.aio.AioRpcError), answers[1]
+    err = classify(answers[1])
+    assert err.kind == "invalid_parameters" and str(err) == "iou nan is not in (0, 1]", str(err)
+    got = [read_detections(a) for a in (answers[0], answers[2])]
+    assert len(got[0]) > 0 and np.array_equal(got[0], got[1])
+
+
 def test_default_parameters_detect_like_local_inference(gateway, checkpoint, coco48):
     """With no query the gateway leaves the parameters out of the Triton request: the model's defaults apply."""
     local = Detector(str(checkpoint), device="cpu", img_size=IMG)
