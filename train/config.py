@@ -197,6 +197,18 @@ class TrainConfig:
                 self.loss = loss
         if isinstance(self.loss, dict):
             self.loss = LossGains(**self.loss)
+        self._check_counts()
+
+    def _check_counts(self) -> None:
+        """Counts that cannot train, refused before anything runs."""
+        at_least = {"epochs": 1, "nbs": 1, "accumulate": 1, "img": 32, "val_interval": 1, "stop_after": 1}
+        at_least |= {"workers": 0, "close_mosaic": 0}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise BadInput(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+        if self.batch == 0 or self.batch < -1:
+            raise BadInput(f"--batch {self.batch}: must be at least 1 (or -1: the largest that fits each GPU)")
 
     def resolved(self, cuda: bool) -> tuple[TrainConfig, list[str]]:
         """This config with the device-dependent defaults filled in, and the names it filled."""

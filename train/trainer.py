@@ -109,6 +109,7 @@ class Trainer:
         self.amp_dtype = amp_dtype(cfg.amp, self.device)
         spec, train_index = self._index()
         self.model = self._build_model().to(self.device)
+        self._img_to_stride()
         if cfg.channels_last and self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
         if cfg.sync_bn and self.dist.active:
@@ -139,6 +140,16 @@ class Trainer:
         if cfg.workers > cores:
             print(f"note: --workers {cfg.workers} capped at the {cores} CPU cores of this machine")
             self.cfg.workers = cores
+
+    def _img_to_stride(self) -> None:
+        """--img rounded up to a multiple of the model's largest stride, as the official trainer does: every
+        feature map then covers the image exactly, and the exported engine takes the same size."""
+        stride = int(self.model.stride.max())
+        if self.cfg.img % stride:
+            img = math.ceil(self.cfg.img / stride) * stride
+            if self.main:
+                print(f"note: --img {self.cfg.img} is not a multiple of the model's stride {stride}: training at {img}")
+            self.cfg.img = img
 
     def _index(self) -> tuple[dict, DatasetIndex]:
         """The data's spec and the training split's index (its files and class names), before any image is read."""

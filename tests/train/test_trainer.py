@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import LIGHT_HYP, tiny_train_config
+from yolov9.core.errors import BadInput
 from yolov9.train.trainer import TrainConfig, Trainer
 
 
@@ -348,6 +349,30 @@ def test_cpu_defaults_finish_and_workers_stay_within_the_cores(subset, tmp_path,
     from yolov9.train.step import amp_dtype
 
     assert amp_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if cpu_has_bf16() else None)
+
+
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        (dict(epochs=0), "--epochs 0: must be at least 1"),
+        (dict(batch=0), "--batch 0: must be at least 1 (or -1"),
+        (dict(batch=-2), "--batch -2: must be at least 1 (or -1"),
+        (dict(img=16), "--img 16: must be at least 32"),
+        (dict(nbs=0), "--nbs 0: must be at least 1"),
+        (dict(val_interval=0), "--val-interval 0: must be at least 1"),
+        (dict(workers=-1), "--workers -1: must be at least 0"),
+    ],
+)
+def test_counts_that_cannot_train_are_one_line_errors(given, message):
+    with pytest.raises(BadInput) as e:
+        TrainConfig(data="coco128", **given)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_img_is_rounded_up_to_the_models_stride(subset, tmp_path, capsys):
+    trainer = Trainer(_cfg(subset, tmp_path, img=72, epochs=1, name="stride"))
+    assert trainer.cfg.img == 96
+    assert "note: --img 72 is not a multiple of the model's stride 32: training at 96" in capsys.readouterr().out
 
 
 def test_help_does_not_import_torch():
