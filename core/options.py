@@ -76,6 +76,17 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of integers") from None
 
 
+def require_at_least(cfg: Any, bounds: dict[str, int]) -> None:
+    """A command config's counts that cannot work (--epochs 0, --img 8) refused before anything runs, in one line
+    naming the flag; a field left at None (a default to be filled later) is not checked."""
+    from yolov9.core.errors import BadInput
+
+    for name, low in bounds.items():
+        value = getattr(cfg, name)
+        if value is not None and value < low:
+            raise BadInput(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+
+
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """The dataclass a parsed command line describes (fields the parser did not set keep their defaults)."""
     names = {f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("cli", True)}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
-from yolov9.core.detection_defaults import CONF, IOU
-from yolov9.core.options import int_list, option
+from yolov9.core.detection_defaults import CONF, IOU, threshold_problem
+from yolov9.core.errors import BadInput
+from yolov9.core.options import int_list, option, require_at_least
 
 
 @dataclass
@@ -63,3 +64,8 @@ class PredictConfig:
     save_txt: bool = option(False, "save YOLO labels per image in labels/ (class x y w h, normalised)")
     save_conf: bool = option(False, "with --save-txt: the score as a sixth column")
     save_crop: bool = option(False, "save each detection's crop in crops/<class>/")
+
+    def __post_init__(self):
+        if problem := threshold_problem(self.conf, self.iou, self.max_det, self.classes):
+            raise BadInput(problem)
+        require_at_least(self, dict(img=32))

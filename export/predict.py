@@ -12,7 +12,7 @@ import torch
 
 from yolov9.core.detection_defaults import Thresholds
 from yolov9.core.draw import draw_detections
-from yolov9.core.errors import MissingInput
+from yolov9.core.errors import BadInput, MissingInput
 from yolov9.core.image_io import ImageError
 from yolov9.core.paths import SAMPLE_IMAGES
 from yolov9.core.predict import Detections, predict_images
@@ -32,14 +32,20 @@ def run_dir(project: str, name: str, exist_ok: bool) -> Path:
 
 
 def media(sources: list[str]) -> list[Path]:
-    """Image and video files, folders expanded in name order."""
+    """Image and video files, folders expanded in name order (their images and videos by suffix); a file named
+    itself is kept whatever its suffix (the decoder says whether it is an image), a folder without any is an error."""
     out = []
     for s in sources or [str(SAMPLE_IMAGES)]:
         p = Path(s)
         if not p.exists():
             raise MissingInput(f"{p}: no such file or folder")
-        files = sorted(p.iterdir()) if p.is_dir() else [p]
-        out += [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+        if not p.is_dir():
+            out.append(p)
+            continue
+        found = [f for f in sorted(p.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES]
+        if not found:
+            raise BadInput(f"{p}: no images or videos in this folder ({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+        out += found
     return out
 
 
@@ -117,9 +123,9 @@ def run_predict(cfg: PredictConfig) -> Path | None:
     labels or crops)."""
     from PIL import Image
 
+    files = media(cfg.source)  # a missing or empty source is said before the engine loads
     engine = load_engine(engine_spec(cfg.engine, cfg.weights), device=cfg.device, img_size=cfg.img)
     print(f"engine {engine.kind} at {engine.img_size} px", file=sys.stderr)
-    files = media(cfg.source)
     saving = cfg.save or cfg.save_txt or cfg.save_crop
     out = run_dir(cfg.project, cfg.name, cfg.exist_ok) if saving else None
     if out is not None:

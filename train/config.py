@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from yolov9.core.errors import BadInput
-from yolov9.core.options import option
+from yolov9.core.options import option, require_at_least
 from yolov9.core.yaml_io import read_yaml
 
 
@@ -201,12 +201,8 @@ class TrainConfig:
 
     def _check_counts(self) -> None:
         """Counts that cannot train, refused before anything runs."""
-        at_least = {"epochs": 1, "nbs": 1, "accumulate": 1, "img": 32, "val_interval": 1, "stop_after": 1}
-        at_least |= {"workers": 0, "close_mosaic": 0}
-        for name, low in at_least.items():
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise BadInput(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+        require_at_least(self, dict(epochs=1, nbs=1, accumulate=1, img=32, val_interval=1, stop_after=1))
+        require_at_least(self, dict(workers=0, close_mosaic=0))
         if self.batch == 0 or self.batch < -1:
             raise BadInput(f"--batch {self.batch}: must be at least 1 (or -1: the largest that fits each GPU)")
 
@@ -299,3 +295,6 @@ class BenchTrainConfig:
         "is the H200's",
     )
     out: str | None = option(None, "write results as JSON here")
+
+    def __post_init__(self):
+        require_at_least(self, dict(img=32, batch=1, steps=1, warmup=0, workers=0))

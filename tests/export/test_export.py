@@ -458,3 +458,27 @@ def test_val_matches_classes_by_name_or_refuses_data_the_model_cannot_know(train
     r = _cli("val", str(trained_tiny), "--data", str(tmp_path / "data.yaml"), "--img", "160", "--device", "cpu")
     assert r.returncode == 2 and "the data's classes pedestrian are not among the model's 80 classes" in r.stderr
     assert r.stderr.count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_predict_refuses_what_cannot_work_before_loading_the_engine(tmp_path, capfd):
+    """Each is one line: an empty folder (nothing was predicted, silently), parameters out of range (no detections,
+    silently), a size below the stride; a file named itself is read whatever its suffix, and reported if no image."""
+    from yolov9.cli import main
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not an image")
+    cases = [
+        ([str(tmp_path / "empty")], "no images or videos in this folder"),
+        (["--conf", "5"], "conf 5.0 is not in [0, 1]"),
+        (["--iou", "0"], "iou 0.0 is not in (0, 1]"),
+        (["--max-det", "0"], "max_det 0 is not in [1, 1000]"),
+        (["--img", "8"], "--img 8: must be at least 32"),
+    ]
+    for args, message in cases:
+        code = main(["predict", "gelan-t", *args, "--device", "cpu", "--no-save"])
+        err = capfd.readouterr().err
+        assert code == 2 and message in err and "engine" not in err, (args, err)
+    assert main(["predict", "gelan-t", str(tmp_path / "notes.txt"), "--device", "cpu", "--img", "64", "--no-save"]) == 0
+    assert json.loads(capfd.readouterr().out.splitlines()[-1])["error"].startswith("not a decodable image")
+    assert main(["bench", "train", "--cfg", "gelan-t", "--steps", "0", "--device", "cpu"]) == 2
+    assert "--steps 0: must be at least 1" in capfd.readouterr().err
