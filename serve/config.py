@@ -8,8 +8,9 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from yolov9.core.detection_defaults import CONF, MAX_DET
-from yolov9.core.options import int_list, option
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, threshold_problem
+from yolov9.core.errors import BadInput
+from yolov9.core.options import int_list, option, require_at_least
 from yolov9.core.paths import SAMPLE_IMAGES
 
 # core/decode.py's decoders (named here too: this module stays torch-free for a fast --help)
@@ -76,6 +77,9 @@ class RepoConfig:
         True, "copy the engine file into the repository (else refer to it where it is)", cli=False
     )
 
+    def __post_init__(self):
+        require_at_least(self, dict(max_batch=1, instances=1, max_det=1, img=32, max_queue=1, queue_delay_us=0))
+
 
 @dataclass
 class LoadtestConfig:
@@ -117,6 +121,16 @@ class LoadtestConfig:
         False, "also write requests and errors per second over the run (for failover and roll-out runs) as PNG"
     )
     out: str = option("loadtest.json", "results JSON (CSV and PNG are written beside it)")
+
+    def __post_init__(self):
+        require_at_least(self, dict(procs=1, requests=1))
+        if min(self.concurrency, default=1) < 1:
+            raise BadInput(f"--concurrency {','.join(map(str, self.concurrency))}: each step needs at least 1")
+        for name in ("duration", "timeout", "rate"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise BadInput(f"--{name} {getattr(self, name)}: must be above 0")
+        if problem := threshold_problem(self.conf, IOU, MAX_DET):
+            raise BadInput(problem)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yolov9.core.errors import MissingInput, Unavailable
+from yolov9.core.errors import BadInput, MissingInput, Unavailable
 from yolov9.serve.config import LoadtestConfig
 
 IMG_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -402,8 +402,13 @@ def plot_files(files: list[str], png: Path) -> None:
     """One chart from several saved results (e.g. the gateway and Triton at the same concurrencies)."""
     runs = []
     for f in files:
-        d = json.loads(Path(f).read_text())
-        runs.append((f"{d['meta']['target']} ({Path(f).stem})", d["steps"]))
+        if not Path(f).is_file():
+            raise MissingInput(f"{f}: no such results file (loadtest --out writes them)")
+        try:
+            d = json.loads(Path(f).read_text())
+            runs.append((f"{d['meta']['target']} ({Path(f).stem})", d["steps"]))
+        except (ValueError, KeyError, TypeError):
+            raise BadInput(f"{f}: not a loadtest results file (JSON with 'meta' and 'steps')") from None
     plot_runs(runs, png)
 
 

@@ -482,3 +482,20 @@ def test_predict_refuses_what_cannot_work_before_loading_the_engine(tmp_path, ca
     assert json.loads(capfd.readouterr().out.splitlines()[-1])["error"].startswith("not a decodable image")
     assert main(["bench", "train", "--cfg", "gelan-t", "--steps", "0", "--device", "cpu"]) == 2
     assert "--steps 0: must be at least 1" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["val", "gelan-t", "--data", "coco128", "--conf", "2"], "conf 2.0 is not in [0, 1]"),
+        (["val", "gelan-t", "--data", "coco128", "--batch", "0"], "--batch 0: must be at least 1"),
+        (["export", "onnx", "gelan-t", "--img", "8"], "--img 8: must be at least 32"),
+        (["export", "onnx", "gelan-t", "--end2end", "--iou", "2"], "iou 2.0 is not in (0, 1]"),
+    ],
+)
+def test_val_and_export_refuse_what_cannot_work(args, message, capfd):
+    from yolov9.cli import main
+
+    assert main([*args, "--device", "cpu"]) == 2
+    err = capfd.readouterr().err
+    assert message in err and "Traceback" not in err, err

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -193,3 +195,24 @@ def test_each_serving_process_is_counted_with_its_part():
     assert _part_of(f"{site}/bin/tritonserver --model-repository /repo --http-port 8000") == "triton"
     assert _part_of("/usr/bin/python3 -m yolov9.serve.gateway.workers --workers 12") == "gateway"
     assert _part_of("/usr/bin/python3 -m pytest tests/serve") is None
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["loadtest", "--concurrency", "8,0"], "--concurrency 8,0: each step needs at least 1"),
+        (["loadtest", "--duration", "0"], "--duration 0.0: must be above 0"),
+        (["loadtest", "--conf", "1.5"], "conf 1.5 is not in [0, 1]"),
+        (["loadtest", "--plot", "missing.json"], "missing.json: no such results file"),
+        (["serve", "build-repo", "--engine", "gelan-t", "--max-batch", "0"], "--max-batch 0: must be at least 1"),
+        (["serve", "build-repo", "--engine", "gelan-t", "--instances", "0"], "--instances 0: must be at least 1"),
+    ],
+)
+def test_settings_that_cannot_work_are_one_line_errors(args, message, capfd, tmp_path, monkeypatch):
+    from yolov9.cli import main
+
+    monkeypatch.chdir(tmp_path)  # nothing may be written: a build-repo refused leaves no repository
+    assert main(args) == 2
+    err = capfd.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not any(tmp_path.iterdir())
