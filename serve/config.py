@@ -78,7 +78,7 @@ class RepoConfig:
     )
 
     def __post_init__(self):
-        require_at_least(self, dict(max_batch=1, instances=1, max_det=1, img=32, max_queue=1, queue_delay_us=0))
+        require_at_least(self, dict(max_batch=1, instances=1, max_det=1, img=32, max_queue=1))
 
 
 @dataclass
