@@ -137,15 +137,16 @@ async def read_image(request: Request, settings: Settings) -> bytes:
     return data
 
 
-async def read_images(request: Request, settings: Settings) -> list[bytes]:
-    """The images of the multipart field 'files' (the batch endpoint)."""
+async def read_images(request: Request, settings: Settings) -> list[tuple[str, bytes]]:
+    """The images of the multipart field 'files' (the batch endpoint), each with its file name."""
     limit = settings.max_upload_bytes
     if content_type(request) != "multipart/form-data":
         raise GatewayError(415, "unsupported_type", "send the images as multipart: -F files=@a.jpg -F files=@b.jpg")
     files = await multipart_files(request, "files", limit)
     if len(files) > settings.max_batch_images:
         raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
-    return [await upload_bytes(f, limit, f.filename or "files") for f in files]
+    names = [f"files[{k}] ({f.filename})" if f.filename else f"files[{k}]" for k, f in enumerate(files)]
+    return [(name, await upload_bytes(f, limit, name)) for name, f in zip(names, files)]
 
 
 # the request bodies and query parameters the OpenAPI page documents (the routes read them themselves, to answer

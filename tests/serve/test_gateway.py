@@ -101,6 +101,9 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
     )
     assert r.status_code == 200
     assert [len(x["detections"]) for x in r.json()["results"]] == [5, 5, 5]
+    files = [("files", ("a.jpg", imgs[0], "image/jpeg")), ("files", ("bad.jpg", b"not a jpeg" * 9, "image/jpeg"))]
+    r = httpx.post(f"{gateway.url}/v1/detect/batch", files=files, timeout=60)  # which image failed the batch
+    assert r.status_code == 400 and r.json()["detail"].startswith("files[1] (bad.jpg): not a decodable image"), r.text
     r = _post(gateway, imgs[1], path="/v1/detect/annotated")
     assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
     assert Image.open(io.BytesIO(r.content)).size == Image.open(io.BytesIO(imgs[1])).size

@@ -80,7 +80,14 @@ async def detect(request: Request, ctx: DetectContext = Depends(detect_context))
 async def detect_batch(request: Request, ctx: DetectContext = Depends(detect_context)):
     blobs = await read_images(request, ctx.settings)
     metrics.BATCH_SIZE.observe(len(blobs))
-    results = await asyncio.gather(*(detect_one(request, b, ctx) for b in blobs))
+
+    async def named(name: str, data: bytes) -> dict:
+        try:
+            return await detect_one(request, data, ctx)
+        except GatewayError as e:  # the batch fails as one; its error says which image
+            raise GatewayError(e.status, e.kind, f"{name}: {e.detail}", e.retry_after) from None
+
+    results = await asyncio.gather(*(named(name, data) for name, data in blobs))
     return JSONResponse({"results": list(results)})
 
 
