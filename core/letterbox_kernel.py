@@ -49,7 +49,7 @@ def _letterbox(src, ints, scales, out, S, PAD: tl.constexpr, BLOCK: tl.constexpr
 
 
 def letterbox_batch(
-    images: list[torch.Tensor], size: int, rows: int = 0, pad_value: int = 114
+    images: list[torch.Tensor], size: int, rows: int, pad_value: int
 ) -> tuple[torch.Tensor, list[tuple]]:
     """uint8 (3, H, W) images on one device -> the uint8 (max(rows, B), 3, size, size) batch, plus each image's
     (ratio, (left, top)) padding; rows past B are blank (pad_value). One copy gathers the images, one kernel
@@ -68,8 +68,8 @@ def letterbox_batch(
         placed.append((r, (pl, pt)))
         offset += im.numel()
     src = torch.cat([im.reshape(-1) for im in images]) if len(images) > 1 else images[0].reshape(-1)
-    meta_i = torch.from_numpy(ints).to(device, non_blocking=True)
-    meta_f = torch.from_numpy(scales).to(device, non_blocking=True)
+    meta_i = torch.from_numpy(ints).to(device)
+    meta_f = torch.from_numpy(scales).to(device)
     grid = (len(images), triton.cdiv(size * size, BLOCK))
     _letterbox[grid](src, meta_i, meta_f, out, size, PAD=pad_value, BLOCK=BLOCK)
     return out, placed

@@ -92,7 +92,7 @@ def letterbox_kernel_runs(device: torch.device) -> bool:
     try:
         from yolov9.core.letterbox_kernel import letterbox_batch
 
-        letterbox_batch([torch.zeros(3, 2, 3, dtype=torch.uint8, device=device)], 32)
+        letterbox_batch([torch.zeros(3, 2, 3, dtype=torch.uint8, device=device)], 32, 0, PAD_VALUE)
         return True
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -28,7 +28,7 @@ images = shipped + [im[:, :size, :size], im[:, :40, :30], im[:, :, :9], im[:, :7
 images.append(shipped[0])
 images = [x.contiguous().to(device) for x in images]
 rows = len(images) + 2
-out, placed = letterbox_batch(images, size, rows)
+out, placed = letterbox_batch(images, size, rows, 114)
 ref, metas = prepare_batch(images, size, device, rows=rows, kernel=False)
 diff = (out.int() - ref.int()).abs()
 assert out.dtype == torch.uint8 and out.shape == ref.shape == (rows, 3, size, size), out.shape
