@@ -24,6 +24,14 @@ def threshold_problem(conf: float, iou: float, max_det: int, classes: list[int] 
     return None
 
 
+def require_thresholds(conf: float, iou: float, max_det: int, classes: list[int] | None = None) -> None:
+    """threshold_problem as the one-line error of a command's options."""
+    from yolov9.core.errors import BadInput
+
+    if problem := threshold_problem(conf, iou, max_det, classes):
+        raise BadInput(problem)
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """What NMS keeps: boxes scoring above conf, overlapping less than iou, at most max_det per image."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, Thresholds, threshold_problem
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, Thresholds, require_thresholds
 from yolov9.core.errors import BadInput
 from yolov9.core.options import add_options, from_namespace, require_at_least
 from yolov9.core.paths import SAMPLE_IMAGES as SAMPLES
@@ -42,8 +42,8 @@ def _export(args: argparse.Namespace) -> None:
     from yolov9.export.engine import weights_meta
 
     require_at_least(args, dict(img=32, min_batch=1, opt_batch=1, max_batch=1))
-    if args.end2end and (problem := threshold_problem(args.conf, args.iou, args.max_det)):
-        raise BadInput(problem)
+    if args.end2end:
+        require_thresholds(args.conf, args.iou, args.max_det)
 
     img = args.img or weights_meta(args.weights).img_size
     if args.format == "onnx":

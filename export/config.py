@@ -6,8 +6,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
-from yolov9.core.detection_defaults import CONF, IOU, threshold_problem
-from yolov9.core.errors import BadInput
+from yolov9.core.detection_defaults import CONF, IOU, require_thresholds
 from yolov9.core.options import int_list, option, require_at_least
 
 
@@ -66,6 +65,5 @@ class PredictConfig:
     save_crop: bool = option(False, "save each detection's crop in crops/<class>/")
 
     def __post_init__(self):
-        if problem := threshold_problem(self.conf, self.iou, self.max_det, self.classes):
-            raise BadInput(problem)
+        require_thresholds(self.conf, self.iou, self.max_det, self.classes)
         require_at_least(self, dict(img=32))

@@ -8,7 +8,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, threshold_problem
+from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, require_thresholds
 from yolov9.core.errors import BadInput
 from yolov9.core.options import int_list, option, require_at_least
 from yolov9.core.paths import SAMPLE_IMAGES
@@ -129,8 +129,7 @@ class LoadtestConfig:
         for name in ("duration", "timeout", "rate"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise BadInput(f"--{name} {getattr(self, name)}: must be above 0")
-        if problem := threshold_problem(self.conf, IOU, MAX_DET):
-            raise BadInput(problem)
+        require_thresholds(self.conf, IOU, MAX_DET)
 
 
 @dataclass

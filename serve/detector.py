@@ -112,11 +112,10 @@ class Detector:
         """Decode, letterbox and run the step on the decodable images of the requests with valid parameters
         (padded up to their bucket with blank images that no threshold lets through)."""
         lap = lap or _Stopwatch(None, self.device)
-        results: list = decode_images([r.data for r in requests], self.device, self.decoder)
+        problems = [threshold_problem(r.conf, r.iou, r.max_det, r.classes) for r in requests]
+        decoded = iter(decode_images([r.data for r, p in zip(requests, problems) if not p], self.device, self.decoder))
+        results: list = [BadInput(p) if p else next(decoded) for p in problems]  # invalid requests are not decoded
         lap("decode")
-        for k, r in enumerate(requests):
-            if problem := threshold_problem(r.conf, r.iou, r.max_det, r.classes):
-                results[k] = BadInput(problem)
         ok = [k for k, img in enumerate(results) if not isinstance(img, BadInput)]
         if not ok:
             return Predicted(results, ok, [], None, None)

@@ -201,8 +201,9 @@ class TrainConfig:
 
     def _check_counts(self) -> None:
         """Counts that cannot train, refused before anything runs."""
-        require_at_least(self, dict(epochs=1, nbs=1, accumulate=1, img=32, val_interval=1, stop_after=1))
-        require_at_least(self, dict(workers=0, close_mosaic=0))
+        require_at_least(
+            self, dict(epochs=1, nbs=1, accumulate=1, img=32, val_interval=1, stop_after=1, workers=0, close_mosaic=0)
+        )
         if self.batch == 0 or self.batch < -1:
             raise BadInput(f"--batch {self.batch}: must be at least 1 (or -1: the largest that fits each GPU)")
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from yolov9.core.detection_defaults import threshold_problem
+from yolov9.core.detection_defaults import require_thresholds
 from yolov9.core.errors import BadInput, MissingInput, Unavailable
 from yolov9.core.options import require_at_least
 
@@ -146,8 +146,7 @@ def _open(name: str, args: argparse.Namespace, load_engine, cuda: bool):
 
 def val(args: argparse.Namespace) -> None:
     require_at_least(args, dict(img=32, batch=1, workers=0))
-    if problem := threshold_problem(args.conf, args.iou, args.max_det):
-        raise BadInput(problem)
+    require_thresholds(args.conf, args.iou, args.max_det)
     if args.url:
         return _val_url(args)
     if args.engines:
