@@ -88,6 +88,8 @@ def bench_gateway(cfg: BenchGatewayConfig) -> list[dict]:
     settings = {}
     if cfg.profile:
         Path(cfg.profile).parent.mkdir(parents=True, exist_ok=True)
+        for old in _profile_dumps(Path(cfg.profile)):  # an earlier run's workers: not this run's profile
+            old.unlink()
         settings["profile"] = str(Path(cfg.profile).with_suffix(""))
     rows = []
     with StubTritonProcess(free_port(), cfg.delay_ms).start() as stub:
@@ -109,9 +111,14 @@ def bench_gateway(cfg: BenchGatewayConfig) -> list[dict]:
     return rows
 
 
+def _profile_dumps(out: Path) -> list[Path]:
+    """The workers' cProfile dumps beside `out`: one per worker, <stem>.<pid>.prof."""
+    return sorted(out.parent.glob(out.with_suffix("").name + ".*.prof"))
+
+
 def _write_profile(out: Path) -> None:
-    """The workers' cProfile dumps (one per worker: <stem>.<pid>.prof) as one table of the top functions."""
-    dumps = sorted(out.parent.glob(out.with_suffix("").name + ".*.prof"))
+    """The workers' cProfile dumps as one table of the top functions."""
+    dumps = _profile_dumps(out)
     if not dumps:
         print(f"no profile dumps beside {out}", file=sys.stderr)
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import subprocess
@@ -164,14 +165,24 @@ def test_all_requests_failing_is_a_nonzero_exit_with_one_line(tmp_path):
 def test_bench_gateway_measures_the_gateway_alone(tmp_path):
     """`yolov9 bench gateway`: the real gateway in front of the stand-in Triton, a short step; the numbers are
     reported, not judged (speed belongs in docs/benchmarks.md)."""
-    out = tmp_path / "bg.json"
+    out, prof = tmp_path / "bg.json", tmp_path / "prof.txt"
+    stale = cProfile.Profile()  # an earlier run's worker dump beside the table: not part of this run
+    stale.runcall(_an_earlier_run)
+    stale.dump_stats(tmp_path / "prof.1.prof")
     cmd = [sys.executable, "-m", "yolov9", "bench", "gateway", "--concurrency", "2", "--duration", "1.5"]
-    r = subprocess.run([*cmd, "--warmup", "0.5", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    cmd += ["--warmup", "0.5", "--out", str(out), "--profile", str(prof)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["ok"] > 0 and row["errors"] == {} and row["gateway_workers"] == 1
     assert row["gateway_cpu_ms_per_request"] > 0
     assert "requests/s" in r.stdout and "CPU ms/request" in r.stdout
+    table = prof.read_text()
+    assert "detect_one" in table and "prof.1.prof" not in table  # pstats names each dump it read
+
+
+def _an_earlier_run() -> int:
+    return sum(range(10))
 
 
 def test_concurrency_is_the_total_in_flight_across_client_processes():
