@@ -131,8 +131,9 @@ class Trainer:
     def _notes(self, filled: list[str]) -> None:
         cfg = self.cfg
         if filled and self.device.type == "cpu":
+            verb = "defaults" if len(filled) == 1 else "default"
             print(
-                f"note: no GPU, so {', '.join('--' + k for k in filled)} default to a CPU run that ends in minutes "
+                f"note: no GPU, so {', '.join('--' + k for k in filled)} {verb} to a CPU run that ends in minutes "
                 f"({cfg.cfg}, {cfg.img} px, {cfg.epochs} epochs); on a GPU the defaults are yolov9-s, 640 px, 100 "
                 "epochs"
             )

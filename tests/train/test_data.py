@@ -302,7 +302,8 @@ def test_voc_yaml_split_files_and_class_names_from_the_xmls(coco48, tmp_path):
 @pytest.mark.parametrize(
     "content,expect",
     [
-        ({"path": "nowhere", "train": "images", "names": ["a"]}, "path: nowhere"),
+        ({"path": "nowhere", "train": "images", "names": ["a"]}, "path: nowhere .* read from the YAML's folder"),
+        ({"path": "/no/such/root", "train": "images", "names": ["a"]}, r"/no/such/root does not exist$"),
         ({"train": "images/train", "val": "images/val", "names": ["a"]}, "train: images/train"),
         ({"names": ["a"]}, "no train: key"),
         ({"train": "."}, "no names: key"),

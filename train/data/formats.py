@@ -331,12 +331,11 @@ def _resolve_yaml(p: Path) -> dict:
     d = read_yaml(p)
     if not isinstance(d, dict):
         raise BadInput(f"{p}: a dataset YAML is a mapping with train:, val: and names: keys")
-    root = Path(d.get("path", "."))
-    root = root if root.is_absolute() else (p.parent / root).resolve()
+    given = Path(d.get("path", "."))
+    root = given if given.is_absolute() else (p.parent / given).resolve()
     if not root.is_dir():
-        raise MissingInput(
-            f"{p}: path: {d.get('path')} -> {root} does not exist (a relative path: is read from the YAML's folder)"
-        )
+        hint = "" if given.is_absolute() else f" ({given} is read from the YAML's folder)"
+        raise MissingInput(f"{p}: path: {d.get('path')} -> {root} does not exist{hint}")
     fmt = d.get("format", "yolo")
     if fmt not in ("yolo", "coco", "voc"):
         raise BadInput(f"{p}: format: {fmt}: choose yolo, coco or voc")
