@@ -75,9 +75,13 @@ def weights_meta(spec: str | Path) -> EngineMeta:
     path = Path(spec)
     if path.suffix == ".onnx" and path.is_file() and not EngineMeta.path_for(path).is_file():
         import onnx  # an ONNX file carries the same metadata inside: parse it only without the sidecar
+        from google.protobuf.message import DecodeError
 
-        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-        return EngineMeta.from_props(props, path)
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except DecodeError as e:
+            raise BadInput(f"{path}: not an ONNX model (its protobuf does not parse: {e})") from None
+        return EngineMeta.from_props({p.key: p.value for p in proto.metadata_props}, path)
     if path.suffix in ENGINE_SUFFIXES:
         return EngineMeta.read(path)
     if path.is_file():

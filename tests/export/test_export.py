@@ -499,3 +499,13 @@ def test_val_and_export_refuse_what_cannot_work(args, message, capfd):
     assert main([*args, "--device", "cpu"]) == 2
     err = capfd.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("name", ["junk.onnx", "junk.pt", "junk.pt2"])
+def test_info_on_a_file_that_is_not_what_its_suffix_says_is_one_line(name, tmp_path, capfd):
+    from yolov9.cli import main
+
+    (tmp_path / name).write_bytes(b"\x08\x96\x01 not a model")
+    assert main(["info", str(tmp_path / name)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert name in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
