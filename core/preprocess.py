@@ -52,10 +52,11 @@ def prepare_batch(
 ):
     """Letterbox a list of decoded images into one uint8 (B, 3, size, size) batch on `device`, as letterbox()
     would one by one; with rows > B the batch has that many, the last ones blank (padding up to a batch size the
-    server has a CUDA graph for). On a CUDA device the whole batch is one kernel (core/letterbox_kernel.py) unless
-    `kernel` is False or it cannot run there; elsewhere images of one size share one resize call."""
+    server has a CUDA graph for). On a CUDA device a batch of several images is one kernel
+    (core/letterbox_kernel.py) unless `kernel` is False or it cannot run there; elsewhere images of one size share
+    one resize call."""
     device = torch.device(device)
-    if kernel and device.type == "cuda" and letterbox_kernel_runs(device):
+    if letterbox_path(len(images), device, kernel) == "kernel":
         from yolov9.core.letterbox_kernel import letterbox_batch
 
         out, placed = letterbox_batch([im.to(device) for im in images], size, rows, PAD_VALUE)
@@ -81,6 +82,13 @@ def _prepare_by_size(images: list[torch.Tensor], size: int, device: torch.device
         for k in idx:
             metas[k] = LetterboxMeta((h, w), r, (pl, pt))
     return out, metas
+
+
+def letterbox_path(n_images: int, device: torch.device, kernel: bool = True) -> str:
+    """Which path letterboxes a batch of `n_images`: "kernel" or "by size". One image is a single resize, which the
+    kernel's gather and tables make slower (docs/benchmarks.md, thirty-fourth session)."""
+    use = kernel and n_images > 1 and device.type == "cuda" and letterbox_kernel_runs(device)
+    return "kernel" if use else "by size"
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from yolov9.core.errors import Unavailable
-from yolov9.core.preprocess import letterbox_kernel_runs
+from yolov9.core.preprocess import letterbox_path
 from yolov9.export.bench import seconds_per_call
 from yolov9.serve.config import BenchDetectorConfig
 from yolov9.serve.detector import Detector, Request
@@ -74,7 +74,7 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
             "images_per_s": round(b / el, 1),
             "ms_per_batch": round(el * 1000, 2),
             "decoder": det.decoder.name,
-            "letterbox": "kernel" if args.letterbox_kernel and letterbox_kernel_runs(det.device) else "by size",
+            "letterbox": letterbox_path(b, det.device, args.letterbox_kernel),
             "stage_share": {k: round(v / total, 3) for k, v in stages.items()},
             "stage_ms": {k: round(1000 * v / passes, 2) for k, v in stages.items()},
             "candidates_per_image": round(candidates, 1),

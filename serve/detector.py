@@ -96,7 +96,8 @@ class Detector:
     def warmup(self) -> None:
         size = self.engine.img_size
         # the letterbox kernel compiles at its first call: here, not in the first request
-        prepare_batch([torch.zeros(3, 2, 3, dtype=torch.uint8)], size, self.device, kernel=self.letterbox_kernel)
+        blank = torch.zeros(3, 2, 3, dtype=torch.uint8)
+        prepare_batch([blank, blank], size, self.device, kernel=self.letterbox_kernel)
         for b in self.buckets or [1]:
             batch = torch.zeros(b, 3, size, size, device=self.device, dtype=self.step.dtype)
             conf = torch.full((b,), CONF, device=self.device)

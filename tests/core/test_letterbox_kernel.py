@@ -60,10 +60,20 @@ def test_letterbox_kernel_matches_the_per_size_path_in_the_interpreter():
 @requires_cuda
 def test_letterbox_kernel_matches_the_per_size_path_on_the_gpu():
     assert "share differing" in _compare(640, "cuda", {})
-    from yolov9.core.preprocess import letterbox_kernel_runs, prepare_batch
+    from yolov9.core.preprocess import letterbox_kernel_runs, letterbox_path, prepare_batch
 
     assert letterbox_kernel_runs(torch.device("cuda"))
+    assert letterbox_path(2, torch.device("cuda")) == "kernel"
     im = torch.randint(0, 256, (3, 480, 640), dtype=torch.uint8, device="cuda")
     kernel, _ = prepare_batch([im, im[:, :100]], 640, "cuda", rows=8)
     by_size, _ = prepare_batch([im, im[:, :100]], 640, "cuda", rows=8, kernel=False)
     assert (kernel.int() - by_size.int()).abs().max() <= 1
+
+
+def test_one_image_or_a_cpu_batch_is_letterboxed_size_by_size():
+    """A lone image is one resize, cheaper than the kernel's gather and tables; off CUDA there is no kernel."""
+    from yolov9.core.preprocess import letterbox_path
+
+    assert letterbox_path(1, torch.device("cuda")) == "by size"
+    assert letterbox_path(64, torch.device("cuda"), kernel=False) == "by size"
+    assert letterbox_path(64, torch.device("cpu")) == "by size"
