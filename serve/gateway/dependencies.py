@@ -105,11 +105,11 @@ async def multipart_files(request: Request, field: str, limit: int) -> list[Uplo
     return items
 
 
-async def upload_bytes(f: UploadFile, limit: int, name: str = "upload") -> bytes:
-    check_content_type((f.content_type or "application/octet-stream").split(";")[0], f"{name}: content type")
+async def upload_bytes(f: UploadFile, limit: int) -> bytes:
+    check_content_type((f.content_type or "application/octet-stream").split(";")[0])
     data = await f.read(limit + 1)
     if len(data) > limit:
-        raise GatewayError(413, "too_large", f"{name}: over {limit} bytes")
+        raise GatewayError(413, "too_large", f"over {limit} bytes")
     return data
 
 
@@ -121,7 +121,10 @@ async def read_image(request: Request, settings: Settings) -> bytes:
     ctype = content_type(request)
     if ctype == "multipart/form-data":
         (f,) = (await multipart_files(request, "file", limit))[:1]
-        data = await upload_bytes(f, limit, f.filename or "file")
+        try:
+            data = await upload_bytes(f, limit)
+        except GatewayError as e:
+            raise GatewayError(e.status, e.kind, f"{f.filename or 'file'}: {e.detail}") from None
     elif ctype == "application/x-www-form-urlencoded":
         raise GatewayError(415, "unsupported_type", CURL_FORM_HINT)
     else:
@@ -137,16 +140,15 @@ async def read_image(request: Request, settings: Settings) -> bytes:
     return data
 
 
-async def read_images(request: Request, settings: Settings) -> list[tuple[str, bytes]]:
-    """The images of the multipart field 'files' (the batch endpoint), each with its file name."""
-    limit = settings.max_upload_bytes
+async def upload_files(request: Request, settings: Settings) -> list[tuple[str, UploadFile]]:
+    """The files of the multipart field 'files' (the batch endpoint), each with the name its errors give:
+    files[k] and the file's own name."""
     if content_type(request) != "multipart/form-data":
         raise GatewayError(415, "unsupported_type", "send the images as multipart: -F files=@a.jpg -F files=@b.jpg")
-    files = await multipart_files(request, "files", limit)
+    files = await multipart_files(request, "files", settings.max_upload_bytes)
     if len(files) > settings.max_batch_images:
         raise GatewayError(413, "too_large", f"at most {settings.max_batch_images} images per request")
-    names = [f"files[{k}] ({f.filename})" if f.filename else f"files[{k}]" for k, f in enumerate(files)]
-    return [(name, await upload_bytes(f, limit, name)) for name, f in zip(names, files)]
+    return [(f"files[{k}] ({f.filename})" if f.filename else f"files[{k}]", f) for k, f in enumerate(files)]
 
 
 # the request bodies and query parameters the OpenAPI page documents (the routes read them themselves, to answer

@@ -23,8 +23,18 @@ class DetectResponse(BaseModel):
     version: int = Field(description="the model version that answered")
 
 
+class ImageFailure(BaseModel):
+    """A batch's image that could not be answered for a fault of its own (the other images are answered)."""
+
+    error: str = Field(description="bad_image, too_large or unsupported_type")
+    detail: str = Field(description="which file (files[k] and its name) and what is wrong with it")
+    status: int = Field(description="the HTTP status this image alone would have been answered with")
+
+
 class BatchResponse(BaseModel):
-    results: list[DetectResponse]
+    results: list[DetectResponse | ImageFailure] = Field(
+        description="one per uploaded file, in upload order: its detections, or why that file has none"
+    )
 
 
 class ErrorBody(BaseModel):

@@ -101,9 +101,25 @@ def test_multipart_batch_annotated_models_and_docs(gateway, coco48):
     )
     assert r.status_code == 200
     assert [len(x["detections"]) for x in r.json()["results"]] == [5, 5, 5]
-    files = [("files", ("a.jpg", imgs[0], "image/jpeg")), ("files", ("bad.jpg", b"not a jpeg" * 9, "image/jpeg"))]
-    r = httpx.post(f"{gateway.url}/v1/detect/batch", files=files, timeout=60)  # which image failed the batch
-    assert r.status_code == 400 and r.json()["detail"].startswith("files[1] (bad.jpg): not a decodable image"), r.text
+    # a file at fault is answered in its place and the others keep their results; a fault of the request fails it
+    files = [
+        ("files", ("a.jpg", imgs[0], "image/jpeg")),
+        ("files", ("bad.jpg", b"not a jpeg" * 9, "image/jpeg")),
+        ("files", ("big.jpg", imgs[1] + bytes(2 * 2**20), "image/jpeg")),  # over the tests' 2 MiB upload limit
+        ("files", ("notes.txt", b"hello", "text/plain")),
+        ("files", ("c.jpg", imgs[2], "image/jpeg")),
+    ]
+    r = httpx.post(f"{gateway.url}/v1/detect/batch?conf={CONF}", files=files, timeout=60)
+    assert r.status_code == 200, r.text
+    ok, bad, big, text, ok2 = r.json()["results"]
+    assert ok["detections"] and ok2["detections"] and ok["width"] == Image.open(io.BytesIO(imgs[0])).width
+    assert (bad["status"], bad["error"]) == (400, "bad_image") and bad["detail"].startswith(
+        "files[1] (bad.jpg): not a decodable image"
+    ), bad
+    assert (big["status"], big["error"]) == (413, "too_large") and big["detail"].startswith("files[2] (big.jpg): over")
+    assert (text["status"], text["error"]) == (415, "unsupported_type") and "files[3] (notes.txt)" in text["detail"]
+    r = httpx.post(f"{gateway.url}/v1/detect/batch?classes=999", files=files[:2], timeout=60)
+    assert r.status_code == 422 and r.json()["detail"].startswith("classes: [999] not among"), r.text
     r = _post(gateway, imgs[1], path="/v1/detect/annotated")
     assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
     assert Image.open(io.BytesIO(r.content)).size == Image.open(io.BytesIO(imgs[1])).size

@@ -6,7 +6,7 @@ import asyncio
 import io
 import time
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
 from yolov9.core.image_io import detections_to_json
@@ -19,12 +19,17 @@ from yolov9.serve.gateway.dependencies import (
     detect_context,
     image_hw,
     read_image,
-    read_images,
+    upload_bytes,
+    upload_files,
 )
 from yolov9.serve.gateway.errors import GatewayError
 from yolov9.serve.gateway.schemas import BatchResponse, DetectResponse
 
 router = APIRouter(prefix="/v1/detect")  # behind the API key (app.ApiKeyMiddleware)
+
+# a batch's file that is at fault itself (undecodable, too large, not an image) is answered in its place, so the
+# other files' results are not lost; a retry could not fix it, where a 503 or 504 fails the whole batch to retry
+IMAGE_FAULTS = frozenset({400, 413, 415})
 
 
 async def detect_one(request: Request, data: bytes, ctx: DetectContext) -> dict:
@@ -74,20 +79,24 @@ async def detect(request: Request, ctx: DetectContext = Depends(detect_context))
 @router.post(
     "/batch",
     response_model=BatchResponse,
-    summary="Detect objects in several images (multipart 'files')",
+    summary="Detect objects in several images (multipart 'files'); a file that is itself at fault gets its error in "
+    "its place",
     openapi_extra=IMAGES_BODY,
 )
 async def detect_batch(request: Request, ctx: DetectContext = Depends(detect_context)):
-    blobs = await read_images(request, ctx.settings)
-    metrics.BATCH_SIZE.observe(len(blobs))
+    files = await upload_files(request, ctx.settings)
+    metrics.BATCH_SIZE.observe(len(files))
 
-    async def named(name: str, data: bytes) -> dict:
+    async def one(name: str, f: UploadFile) -> dict:
         try:
-            return await detect_one(request, data, ctx)
-        except GatewayError as e:  # the batch fails as one; its error says which image
-            raise GatewayError(e.status, e.kind, f"{name}: {e.detail}", e.retry_after) from None
+            return await detect_one(request, await upload_bytes(f, ctx.settings.max_upload_bytes), ctx)
+        except GatewayError as e:
+            if e.status not in IMAGE_FAULTS:  # the service's or the request's: the batch fails as one
+                raise
+            metrics.ERRORS.labels(kind=e.kind).inc()
+            return {"error": e.kind, "detail": f"{name}: {e.detail}", "status": e.status}
 
-    results = await asyncio.gather(*(named(name, data) for name, data in blobs))
+    results = await asyncio.gather(*(one(name, f) for name, f in files))
     return JSONResponse({"results": list(results)})
 
 
