@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolov9.core import figures
 from yolov9.core.errors import BadInput, MissingInput, Unavailable
 from yolov9.serve.config import LoadtestConfig
 
@@ -343,13 +344,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
 def plot_timeline(rows: list[dict], png: Path) -> None:
     """Requests and errors per second (left axis) and the p99 latency of each second (right), one panel per
     step: what a failover or a roll-out does to clients."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [r for r in rows if "timeline" in r]
-    fig, axes = plt.subplots(len(steps), 1, figsize=(10, 3.2 * len(steps)), squeeze=False)
+    fig, axes = figures.subplots(len(steps), 1, figsize=(10, 3.2 * len(steps)), squeeze=False)
     for ax, r in zip(axes[:, 0], steps):
         t = r["timeline"]
         sec = [x["second"] for x in t]
@@ -366,19 +362,12 @@ def plot_timeline(rows: list[dict], png: Path) -> None:
         ax2.set_ylabel("p99 ms")
         ax.legend(loc="upper left")
         ax2.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    figures.save(fig, png)
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], png: Path) -> None:
     """p50 (dashed) and p99 (solid) latency against images/s, one colour per run, steps labelled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = figures.subplots(figsize=(6.5, 4.2))
     for k, (label, rows) in enumerate(runs):
         color = f"C{k}"
         xs = [r["images_per_s"] for r in rows]
@@ -392,10 +381,8 @@ def plot_runs(runs: list[tuple[str, list[dict]]], png: Path) -> None:
     ax.set_ylabel("latency (ms)")
     ax.set_title(runs[0][0] if len(runs) == 1 else "latency against throughput")
     ax.legend(fontsize=7)
-    fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    figures.save(fig, png)
 
 
 def plot_files(files: list[str], png: Path) -> None:

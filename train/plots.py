@@ -5,18 +5,49 @@ labels beside predictions."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
 from PIL import Image
 
+from yolov9.core import figures
 from yolov9.core.boxes import xywh2xyxy
 from yolov9.core.draw import draw_detections
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+class BackgroundPlots:
+    """The pictures drawn during training (labels.jpg, the first training batches). With `background` (training on
+    a GPU) they are drawn one at a time on a thread of their own, in time the training thread would spend waiting for
+    the GPU, instead of before the first step and between the first steps; on the CPU the training step needs the
+    cores, so they are drawn at once. A picture that fails does not stop training: `close` waits for the rest and
+    names the failures."""
+
+    def __init__(self, background: bool):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="plots") if background else None
+        self._jobs: list[tuple[Path, Future]] = []
+
+    def submit(self, draw: Callable[..., Path], *args, out: Path) -> None:
+        """draw(*args, out); the arguments must not change afterwards (pass copies)."""
+        if self._pool is not None:
+            job = self._pool.submit(draw, *args, out)
+        else:
+            job = Future()
+            try:
+                job.set_result(draw(*args, out))
+            except Exception as e:
+                job.set_exception(e)
+        self._jobs.append((out, job))
+
+    def close(self) -> list[str]:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        return [f"{out.name}: {f.exception()}" for out, f in self._jobs if f.exception() is not None]
+
+
+BATCH_TILES = 16  # images of a batch that plot_batch draws
 
 # results.png: (row key, title) per panel; rows without a key (no validation that epoch) leave gaps
 RESULT_PANELS = [
@@ -36,24 +67,21 @@ RESULT_PANELS = [
 def plot_results(rows: list[dict], out: Path) -> Path | None:
     if not rows:
         return None
-    fig, axes = plt.subplots(2, 5, figsize=(18, 6.5))
+    fig, axes = figures.subplots(2, 5, figsize=(18, 6.5))
     for ax, (key, title) in zip(axes.ravel(), RESULT_PANELS):
         pts = [(r["epoch"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts), marker=".", linewidth=1.5)
         ax.set_title(title)
         ax.set_xlabel("epoch")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return figures.save(fig, out)
 
 
 def _curve(x, ys, names, axes: tuple[str, str, str], out: Path, mark: float | None = None) -> None:
     """One line per class and their mean (thick); axes: x label, y label, the mean's legend."""
     xlabel, ylabel, title = axes
     mean = ys.mean(0)
-    fig, ax = plt.subplots(figsize=(8, 6))
+    fig, ax = figures.subplots(figsize=(8, 6))
     for y, name in zip(ys, names):
         ax.plot(x, y, linewidth=1, alpha=0.6 if len(names) < 21 else 0.25, label=name if len(names) < 21 else None)
     ax.plot(x, mean, linewidth=3, color="blue", label=f"all classes {title}")
@@ -62,9 +90,7 @@ def _curve(x, ys, names, axes: tuple[str, str, str], out: Path, mark: float | No
     ax.set(xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1.01))
     ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left", fontsize=8)
     ax.set_title(f"{ylabel}-{xlabel} curve")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    figures.save(fig, out)
 
 
 def plot_curves(curves: dict, names: list[str], run_dir: Path) -> list[Path]:
@@ -98,7 +124,7 @@ def plot_confusion(matrix: np.ndarray, names: list[str], out: Path, normalize: b
     labels = [[*names, "background"][i] for i in used]
     n = len(labels)
     size = max(6, min(0.35 * n + 2, 26))
-    fig, ax = plt.subplots(figsize=(size, size * 0.85))
+    fig, ax = figures.subplots(figsize=(size, size * 0.85))
     im = ax.imshow(np.where(m > 0, m, np.nan), cmap="Blues", vmin=0)
     fig.colorbar(im, ax=ax, fraction=0.046)
     ticks = range(n) if n <= 40 else []
@@ -109,16 +135,13 @@ def plot_confusion(matrix: np.ndarray, names: list[str], out: Path, normalize: b
             if v > 0:
                 ax.text(c, r, f"{v:.2f}" if normalize else f"{int(v)}", ha="center", va="center", fontsize=6)
     ax.set(xlabel="True", ylabel="Predicted", title="Confusion matrix" + (" (normalised)" if normalize else ""))
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return figures.save(fig, out)
 
 
 def plot_labels(labels: list[np.ndarray], names: list[str], out: Path) -> Path:
     """labels.jpg: instances per class, box centres and box sizes (normalised), and 500 boxes drawn centred."""
     lab = np.concatenate([x for x in labels if len(x)] or [np.zeros((0, 5), np.float32)])
-    fig, axes = plt.subplots(2, 2, figsize=(10, 10))
+    fig, axes = figures.subplots(2, 2, figsize=(10, 10))
     counts = np.bincount(lab[:, 0].astype(int), minlength=len(names))
     axes[0, 0].bar(range(len(names)), counts, color="tab:blue")
     axes[0, 0].set(ylabel="instances", title=f"{len(lab)} boxes, {int((counts > 0).sum())} of {len(names)} classes")
@@ -134,10 +157,7 @@ def plot_labels(labels: list[np.ndarray], names: list[str], out: Path) -> Path:
     axes[1, 0].set(xlabel="x", ylabel="y", title="box centres")
     axes[1, 1].hist2d(lab[:, 3], lab[:, 4], bins=50, range=[[0, 1], [0, 1]], cmap="Blues")
     axes[1, 1].set(xlabel="width", ylabel="height", title="box sizes")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return figures.save(fig, out)
 
 
 def _centred(lab: np.ndarray) -> list[list[float]]:
@@ -147,9 +167,9 @@ def _centred(lab: np.ndarray) -> list[list[float]]:
 def plot_batch(
     images: torch.Tensor, boxes: list[torch.Tensor], names: list[str], out: Path, scores: bool = False
 ) -> Path:
-    """Up to 16 uint8 images (B, 3, H, W) in a grid with their boxes: per image (n, 5) class, x1, y1, x2, y2, or
-    with `scores` (n, 6) x1, y1, x2, y2, score, class."""
-    n = min(len(images), 16)
+    """Up to BATCH_TILES uint8 images (B, 3, H, W) in a grid with their boxes: per image (n, 5) class, x1, y1, x2,
+    y2, or with `scores` (n, 6) x1, y1, x2, y2, score, class."""
+    n = min(len(images), BATCH_TILES)
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
     h, w = images.shape[2:]

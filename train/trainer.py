@@ -317,6 +317,7 @@ class Trainer:
         epoch = self.state.epoch + 1
         loader, running = self._running_loader(epoch)
         val_loader, log, self.writer = None, None, CheckpointWriter()
+        self.plots = plots.BackgroundPlots(background=self.device.type == "cuda")
         if self.val_ds is not None:
             val_loader = eval_loader(self.val_ds, self.state.batch * 2, cfg.workers, pin=self.device.type == "cuda")
         if main:
@@ -327,7 +328,7 @@ class Trainer:
             self.best_written = (self.dir / "weights" / "best.pt").exists()
             print(self._header(loader))
             if self.resume_ck is None:
-                plots.plot_labels(self.train_ds.labels, self.names, self.dir / "labels.jpg")
+                self.plots.submit(plots.plot_labels, self.train_ds.labels, self.names, out=self.dir / "labels.jpg")
         monitor, self.final = GpuMonitor(self.device), None
         end_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, epoch + cfg.stop_after)
         batches = self._plotting(running, epoch)  # one iterator: workers prefetch across epochs
@@ -372,6 +373,8 @@ class Trainer:
         finally:
             self.writer.close()
             close_batches(running)
+            for failure in self.plots.close():
+                print(f"note: a picture was not drawn ({failure})")
         if not main:
             return {"run_dir": None, "rank": self.dist.rank}
         return self._finish(log, monitor)
@@ -391,8 +394,10 @@ class Trainer:
         """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
         for k, batch in enumerate(batches):
             if k < 3 and epoch == 0 and self.main and self.resume_ck is None:
-                boxes = plots.training_batch_boxes(batch.targets, batch.images.shape[2:])
-                plots.plot_batch(batch.images, boxes, self.names, self.dir / f"train_batch{k}.jpg")
+                # copies of the images drawn: the batch's own (pinned) memory goes back to the allocator after its step
+                images = batch.images[: plots.BATCH_TILES].clone()
+                boxes = plots.training_batch_boxes(batch.targets[: plots.BATCH_TILES], batch.images.shape[2:])
+                self.plots.submit(plots.plot_batch, images, boxes, self.names, out=self.dir / f"train_batch{k}.jpg")
             yield batch
 
     def _end_epoch(self, epoch: int, row: dict, val_loader, log: RunLog, final: bool) -> None:

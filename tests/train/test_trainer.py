@@ -47,6 +47,9 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
         "args.yaml",
         "data_problems.txt",
         "val_per_class.txt",
+        "labels.jpg",
+        "train_batch0.jpg",
+        "train_batch2.jpg",
     ):
         assert (run / f).exists(), f
     assert "map" in rows[-1] and 0.0 <= rows[-1]["map"] <= 1.0
