@@ -45,13 +45,51 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.register(sub, bench)
     for parser in _all_parsers(p):
         parser.formatter_class = HelpFormatter
+        parser.set_defaults(_parser=parser)  # the deepest one parsed wins: the command's own, for its errors
     return p
+
+
+# the official scripts' spellings of options this project spells shorter
+OFFICIAL_SPELLINGS = {
+    "--batch-size": "--batch",
+    "--imgsz": "--img",
+    "--img-size": "--img",
+    "--conf-thres": "--conf",
+    "--iou-thres": "--iou",
+}
+
+
+def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """argparse's message for arguments that no option of the command takes, with the fix for the habits they mostly
+    come from: the official scripts' spellings (--batch-size, --img-size, positional arguments written as --weights
+    and --source) and Ultralytics' key=value."""
+    options = {s for a in parser._actions for s in a.option_strings}
+    positionals = {a.dest: a.metavar or a.dest.upper() for a in parser._actions if not a.option_strings}
+    hints = []
+    for arg in extra:
+        key, eq, value = arg.partition("=")
+        flag = "--" + key.lstrip("-").replace("_", "-")
+        ours = OFFICIAL_SPELLINGS.get(flag, flag)
+        if eq and not arg.startswith("-") and ours in options:
+            hints.append(f"write {arg} as {ours} {value}")
+        elif ours != flag and ours in options:
+            hints.append(f"{flag} is {ours} here")
+        elif arg.startswith("--") and key[2:].replace("-", "_") in positionals:
+            hints.append(f"{positionals[key[2:].replace('-', '_')]} is positional: give it without {key}")
+    return f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # said by the command's own parser, with its usage line, not the top level's
+        args._parser.error(unrecognized(args._parser, extra))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     # a crash inside native code (an engine's runtime, a CUDA library) then names the Python call it came from
     faulthandler.enable()
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for commands that start others
     from yolov9.core.errors import UsageError
 

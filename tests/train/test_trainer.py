@@ -196,6 +196,28 @@ def test_trainer_prints_what_each_split_holds(subset, tmp_path, capsys):
     assert "train: 16 images (0 background)" in out and "val: 16 images" in out and "80 classes" in out
 
 
+@pytest.mark.parametrize(
+    "argv, hints",
+    [
+        (["train", "--batch-size", "8", "imgsz=320"], ["--batch-size is --batch here", "write imgsz=320 as --img 320"]),
+        (["val", "--weights", "best.pt", "--conf-thres=0.1"], ["WEIGHTS is positional", "--conf-thres is --conf"]),
+        (["predict", "best.pt", "--source", "a.jpg"], ["SOURCE is positional: give it without --source"]),
+        (["bench", "gateway", "--bogus"], []),
+    ],
+)
+def test_unknown_arguments_are_told_by_the_command_with_the_fix(argv, hints, capsys):
+    """The official scripts' spellings and Ultralytics' key=value get the command's own usage and what to write."""
+    from yolov9.cli import parse
+
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert e.value.code == 2 and last.startswith(f"yolov9 {' '.join(argv[: 2 if argv[0] == 'bench' else 1])}: error")
+    assert "unrecognized arguments" in last and all(h in last for h in hints), err
+    assert ("(" in last) is bool(hints)
+
+
 def test_every_help_names_each_default_once():
     """Every flag of every subcommand has a help text, and none shows its default twice."""
     from yolov9.cli import HelpFormatter, _all_parsers, build_parser
