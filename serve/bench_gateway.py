@@ -1,7 +1,8 @@
 """`yolov9 bench gateway`: the gateway's own cost per request, measured against a stand-in Triton that answers at
-once, so what is measured is the HTTP parse, the upload, the dependencies, the gRPC call and the JSON answer.
-Reported per step: requests/s and latency (the client's view) and the gateway workers' CPU milliseconds per request
-(their process CPU time over the measured requests), which does not depend on how fast the client is."""
+once (or after --delay-ms), so what is measured is the HTTP parse, the upload, the dependencies, the gRPC call and
+the JSON answer. Reported per step: requests/s and latency (the client's view), the gateway workers' CPU
+milliseconds per request (their process CPU time over the measured requests), which does not depend on how fast the
+client is, and (unless --no-direct) the same load straight at the stand-in beside it: what the gateway adds."""
 
 from __future__ import annotations
 
@@ -69,9 +70,26 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def _step(target: str, url: str, concurrency: int, cfg: BenchGatewayConfig) -> Step:
+    return Step(target, url, "yolov9", concurrency, None, cfg.warmup, cfg.duration, None, 0.25, 30.0)
+
+
+def with_direct(row: dict, direct: dict) -> dict:
+    """The gateway's row with the same load's numbers straight at the stand-in, and what the gateway adds."""
+    both = row.get("p50_ms") is not None and direct.get("p50_ms") is not None  # None: no request answered
+    row.update(
+        direct_images_per_s=direct["images_per_s"],
+        direct_p50_ms=direct.get("p50_ms"),
+        direct_p99_ms=direct.get("p99_ms"),
+        added_p50_ms=round(row["p50_ms"] - direct["p50_ms"], 2) if both else None,
+        gateway_vs_direct=round(row["images_per_s"] / direct["images_per_s"], 3) if direct["images_per_s"] else None,
+    )
+    return row
+
+
 def measure(url: str, pid: int, images: list[bytes], concurrency: int, cfg: BenchGatewayConfig) -> dict:
     """One closed-loop step against the gateway at `url` whose processes descend from `pid`."""
-    step = Step("gateway", url, "yolov9", concurrency, None, cfg.warmup, cfg.duration, None, 0.25, 30.0)
+    step = _step("gateway", url, concurrency, cfg)
     cpu0 = cpu_seconds(pid)
     row = run_step(step, images, procs=cfg.procs)
     cpu = cpu_seconds(pid) - cpu0
@@ -96,11 +114,13 @@ def bench_gateway(cfg: BenchGatewayConfig) -> list[dict]:
         gw = GatewayProcess([stub.url], port=free_port(), workers=cfg.workers, **settings)
         with gw.start():
             for c in cfg.concurrency:
+                direct = run_step(_step("triton", stub.url, c, cfg), images, procs=cfg.procs) if cfg.direct else None
                 row = measure(gw.url, gw.proc.pid, images, c, cfg)
-                rows.append(row)
+                rows.append(with_direct(row, direct) if direct else row)
+                added = f", adds {row['added_p50_ms']} ms p50 to direct's {row['direct_p50_ms']}" if direct else ""
                 print(
                     f"gateway x{cfg.workers} c{c}: {row['images_per_s']:,.1f} requests/s, p50 {row['p50_ms']} ms, "
-                    f"p99 {row['p99_ms']} ms, {row['gateway_cpu_ms_per_request']} CPU ms/request, "
+                    f"p99 {row['p99_ms']} ms, {row['gateway_cpu_ms_per_request']} CPU ms/request{added}, "
                     f"errors {sum(row.get('errors', {}).values())}",
                     flush=True,
                 )

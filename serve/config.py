@@ -172,5 +172,10 @@ class BenchGatewayConfig:
     workers: int = option(1, "gateway worker processes")
     procs: int = option(1, "client processes")
     delay_ms: float = option(0.0, "how long the stand-in takes per inference (an await: no CPU)")
+    direct: bool = option(
+        True,
+        "before each gateway step, the same load straight at the stand-in's gRPC port: the rows then say what the "
+        "gateway adds (added_p50_ms, gateway_vs_direct); --no-direct measures the gateway alone",
+    )
     profile: str | None = option(None, "also profile each worker (cProfile) and write its top functions here (.txt)")
     out: str | None = option(None, "write the rows as JSON here")

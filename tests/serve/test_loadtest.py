@@ -176,7 +176,10 @@ def test_bench_gateway_measures_the_gateway_alone(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["ok"] > 0 and row["errors"] == {} and row["gateway_workers"] == 1
     assert row["gateway_cpu_ms_per_request"] > 0
-    assert "requests/s" in r.stdout and "CPU ms/request" in r.stdout
+    # the same load straight at the stand-in, beside it: what the gateway adds
+    assert row["direct_images_per_s"] > 0 and row["direct_p50_ms"] > 0 and row["gateway_vs_direct"] > 0
+    assert row["added_p50_ms"] == round(row["p50_ms"] - row["direct_p50_ms"], 2)
+    assert "requests/s" in r.stdout and "CPU ms/request" in r.stdout and "ms p50 to direct's" in r.stdout
     table = prof.read_text()
     assert "detect_one" in table and "prof.1.prof" not in table  # pstats names each dump it read
 
