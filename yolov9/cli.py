@@ -74,8 +74,8 @@ def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
             hints.append(f"write {arg} as {ours} {value}")
         elif ours != flag and ours in options:
             hints.append(f"{flag} is {ours} here")
-        elif arg.startswith("--") and key[2:].replace("-", "_") in positionals:
-            hints.append(f"{positionals[key[2:].replace('-', '_')]} is positional: give it without {key}")
+        elif arg.startswith("--") and flag[2:].replace("-", "_") in positionals:
+            hints.append(f"{positionals[flag[2:].replace('-', '_')]} is positional: give it without {key}")
     return f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
