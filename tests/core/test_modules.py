@@ -83,13 +83,15 @@ def test_sp_compiled_for_training_traces_the_sliced_pool_and_for_inference_max_p
     assert any("max_pool" in t for t in traced[1])
 
 
-def test_sp_run_eagerly_while_another_thread_compiles_keeps_max_pool2d():
+def test_sp_run_eagerly_while_another_thread_compiles_keeps_max_pool2d(monkeypatch):
     """torch.compiler.is_compiling() is true process-wide during any compile; the sliced pool must follow only
     dynamo's own trace. At a tie max_pool2d gives the gradient to one input and the sliced pool shares it."""
     x = torch.zeros(1, 1, 5, 5, requires_grad=True)
     ref = x.detach().clone().requires_grad_()
-    with torch.compiler._compile_session_context():  # what a compiling thread holds
-        assert torch.compiler.is_compiling()
-        SP(5).train()(x).sum().backward()
+    # the module flag a compiling thread sets (torch's context manager for it is newer than some releases we run on)
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    SP(5).train()(x).sum().backward()
+    monkeypatch.undo()
     F.max_pool2d(ref, 5, 1, 2).sum().backward()
     torch.testing.assert_close(x.grad, ref.grad)
