@@ -16,6 +16,8 @@ without compiling again."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -189,19 +191,58 @@ def _first_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__
 
 
-AUTO_MIN_IMAGES = 300_000  # a run shorter than this does not earn back a cold compile of the loss (benchmarks.md)
+# --compile auto's thresholds in training images (epochs x images), from a 4,096-image run of yolov9-s at batch 128
+# on an H200 (benchmarks.md): `layers` trains about 1.4x the uncompiled rate and 1.1x the loss alone's, and costs
+# about 20 s more at the start from inductor's cache, about 4 minutes the first time; the loss alone costs about a
+# minute the first time
+AUTO_MIN_IMAGES = 300_000  # a shorter run does not earn back a cold compile of the loss
+AUTO_LAYERS_WARM = 40_000  # from the cache, `layers` pays back after this many
+AUTO_LAYERS_COLD = 1_500_000  # the first time, `layers` beats the loss alone after this many
 
 
-def resolve_mode(mode: str, device: torch.device, distributed: bool, images: int | None = None) -> str:
-    """--compile auto: the loss compiled on one CUDA GPU, where it was measured faster at every model and batch, for
-    runs of at least AUTO_MIN_IMAGES training images (`images`; None: a steady-state benchmark). The first step
-    comes after a minute and a half on a machine that never compiled it (half a minute from the cache), so a short run
-    trains uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under
-    torchrun (not measured there)."""
+def resolve_mode(
+    mode: str, device: torch.device, distributed: bool, images: int | None = None, compiled_before: bool = False
+) -> str:
+    """--compile auto on one CUDA GPU: `layers` for a run that earns back its compile (`images` training images,
+    None for a steady-state benchmark; `compiled_before`: this machine compiled the same model and shape, so it
+    comes from the cache), else `loss` for a run that earns back the loss's compile, else uncompiled. Off on the CPU
+    (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not measured there)."""
     if mode != "auto":
         return mode
-    long_run = images is None or images >= AUTO_MIN_IMAGES
-    return "loss" if device.type == "cuda" and not distributed and long_run else "off"
+    if device.type != "cuda" or distributed:
+        return "off"
+    if images is None or images >= AUTO_LAYERS_COLD or (compiled_before and images >= AUTO_LAYERS_WARM):
+        return "layers"
+    return "loss" if images >= AUTO_MIN_IMAGES else "off"
+
+
+def signature(model: nn.Module, batch: int, img: int, dtype: torch.dtype | None, **options) -> dict:
+    """What a forward compile depends on: the model's layers and parameter shapes, the batch shape and precision,
+    the GPU and torch's version, and `options` (channels-last, the loss compiled, ...)."""
+    shapes = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.named_parameters()]).encode()).hexdigest()
+    device = next(model.parameters()).device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"model": shapes[:16], "batch": batch, "img": img, "dtype": str(dtype), "gpu": gpu,
+            "torch": torch.__version__, **options}  # fmt: skip
+
+
+def _record(sig: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / "yolov9-compiled" / f"{digest}.json"
+
+
+def compiled_before(sig: dict) -> bool:
+    """Whether a run on this machine compiled the forward for `sig` (inductor's cache then holds its kernels)."""
+    return _record(sig).is_file()
+
+
+def note_compiled(sig: dict, seconds: float | None = None) -> None:
+    """Record that the forward for `sig` compiled and trained, for --compile auto's next choice. Best effort: a
+    read-only cache folder only means the next run decides as on a new machine."""
+    path = _record(sig)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**sig, "compile_s": seconds}, indent=1))
 
 
 def compiled(model: DetectionModel, mode: str) -> nn.Module:

@@ -165,10 +165,13 @@ class TrainConfig:
         "box count: on an H200 11-29%% more images/s, the first step after about a minute and a half the first time "
         "(compile, autotuning, capture), about half a minute from the cache. 'layers' (each layer its own region) and"
         " 'model' (one graph) compile the forward and backward too, with the loss unless --no-compile-loss: "
-        "BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory, but four to five minutes before the"
-        " first step the first time. 'auto' (default): 'loss' on one GPU for a run of at least 300,000 training "
-        "images (epochs x images; a shorter run does not earn back a cold compile), else 'off', and on the CPU and "
-        "under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a short last "
+        "BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory and about 1.4x the uncompiled "
+        "images/s, but four to five minutes before the first step the first time, about 20 s more from the cache. "
+        "'auto' (default), on one GPU: 'layers' for a run of at least 1,500,000 training images (epochs x images), "
+        "or 40,000 when this machine compiled the same model and batch before (a record beside inductor's cache); "
+        "else 'loss' for at least 300,000; else 'off', as a shorter run does not earn back the compile. 'off' on "
+        "the CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a "
+        "short last "
         "batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: docs/benchmarks.md",
     )
     compile_loss: bool = option(
@@ -287,7 +290,7 @@ class BenchTrainConfig:
         True, "capture the step as CUDA graphs on one GPU, as `yolov9 train` does by default (--no-cuda-graph: eager)"
     )
     compile: Literal["auto", "off", "loss", "layers", "model"] = option(
-        "auto", "torch.compile mode, as `yolov9 train --compile`"
+        "auto", "torch.compile mode, as `yolov9 train --compile` ('auto' here: as for a long run, 'layers' on one GPU)"
     )
     compile_loss: bool = option(True, "with --compile layers/model, compile the loss too, as `yolov9 train` does")
     peak_tflops: float = option(

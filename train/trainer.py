@@ -24,7 +24,16 @@ from yolov9.core.checkpoint import read_checkpoint
 from yolov9.core.errors import BadInput
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
-from yolov9.train.compiled import FORWARD_MODES, CompiledLoss, cache_counts, loss_compiled, resolve_mode
+from yolov9.train.compiled import (
+    FORWARD_MODES,
+    CompiledLoss,
+    cache_counts,
+    compiled_before,
+    loss_compiled,
+    note_compiled,
+    resolve_mode,
+    signature,
+)
 from yolov9.train.config import TrainConfig
 from yolov9.train.data.dataset import (
     Batch,
@@ -271,7 +280,13 @@ class Trainer:
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
-        mode = resolve_mode(cfg.compile, self.device, self.dist.active, cfg.epochs * len(self.train_ds))
+        self.compile_sig = signature(
+            self.model, st.batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
+            loss=cfg.compile_loss, graphs=cfg.cuda_graph,
+        )  # fmt: skip
+        self.compiled_before = compiled_before(self.compile_sig)
+        images = cfg.epochs * len(self.train_ds)
+        mode = resolve_mode(cfg.compile, self.device, self.dist.active, images, self.compiled_before)
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
             cfg.compile_background,
@@ -359,6 +374,8 @@ class Trainer:
                         row["prewarm_s"] = self.prewarm_s
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
+                    if self.step.opts.compile in FORWARD_MODES:  # for --compile auto's next choice
+                        note_compiled(self.compile_sig, row.get("compile_s"))
                     first_epoch = False
                 self._background_compile(row)
                 row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
@@ -440,9 +457,10 @@ class Trainer:
         parts = [mode] if mode in FORWARD_MODES else []
         if loss_compiled(mode, cfg.compile_loss):
             parts += ["loss, in the background" if cfg.compile_background else "loss"]
-        compiled = f", compiled ({' and '.join(parts)})" if parts else ""
-        if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) == "loss":
-            compiled = ", not compiled (a short run; --compile loss compiles the loss)"
+        cached = " from this machine's cache" if mode in FORWARD_MODES and self.compiled_before else ""
+        compiled = f", compiled ({' and '.join(parts)}){cached}" if parts else ""
+        if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) != "off":
+            compiled = ", not compiled (a short run would not earn back the compile; --compile layers compiles)"
         lines = [
             f"run      {self.dir}",
             f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),

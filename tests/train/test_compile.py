@@ -12,13 +12,18 @@ import torch
 
 from yolov9.core.model import DetectionModel
 from yolov9.train.compiled import (
+    AUTO_LAYERS_COLD,
+    AUTO_LAYERS_WARM,
     AUTO_MIN_IMAGES,
     CompiledForward,
     CompiledLoss,
     cache_dir,
     compiled,
+    compiled_before,
     compiled_loss,
+    note_compiled,
     resolve_mode,
+    signature,
 )
 
 
@@ -73,14 +78,36 @@ def test_compile_off_is_the_model_itself_and_loss_compiles_the_loss_alone():
         CompiledForward(model, "everything")
 
 
-def test_auto_compiles_the_loss_for_long_single_gpu_runs_only():
+def test_auto_compiles_what_a_run_of_its_length_earns_back():
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # devices as values: no GPU needed
-    assert resolve_mode("auto", gpu, False) == "loss"  # a benchmark: steady state
+    assert resolve_mode("auto", gpu, False) == "layers"  # a benchmark: steady state
+    assert resolve_mode("auto", gpu, False, AUTO_LAYERS_COLD) == "layers"
+    assert resolve_mode("auto", gpu, False, AUTO_LAYERS_COLD - 1) == "loss"  # the cold forward compile would not pay
+    assert resolve_mode("auto", gpu, False, AUTO_LAYERS_WARM, compiled_before=True) == "layers"  # from the cache
+    assert resolve_mode("auto", gpu, False, AUTO_LAYERS_WARM - 1, compiled_before=True) == "off"
     assert resolve_mode("auto", gpu, False, AUTO_MIN_IMAGES) == "loss"
     assert resolve_mode("auto", gpu, False, AUTO_MIN_IMAGES - 1) == "off"  # the first compile would not pay
     assert resolve_mode("auto", gpu, True) == "off"  # under torchrun
     assert resolve_mode("auto", cpu, False) == "off"
     assert resolve_mode("layers", cpu, False, 10) == "layers"  # asked for: as asked
+
+
+def test_a_compiled_forward_is_remembered_per_model_and_shape(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = DetectionModel("gelan-t", nc=2)
+    sig = signature(model, 16, 640, torch.float16, channels_last=True)
+    assert not compiled_before(sig)
+    note_compiled(sig, 12.5)
+    assert compiled_before(sig)
+    assert not compiled_before(signature(model, 32, 640, torch.float16, channels_last=True))  # another batch
+    assert not compiled_before(signature(DetectionModel("gelan-t", nc=3), 16, 640, torch.float16, channels_last=True))
+    assert not compiled_before(signature(model, 16, 640, torch.bfloat16, channels_last=True))
+    blocked = tmp_path / "blocked"  # a cache folder where the record cannot be written: no error, nothing remembered
+    blocked.mkdir()
+    (blocked / "yolov9-compiled").write_text("a file where the folder would go")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocked))
+    note_compiled(sig, None)
+    assert not compiled_before(sig)
 
 
 def test_inductor_cache_lives_in_the_users_cache_folder(monkeypatch, tmp_path):

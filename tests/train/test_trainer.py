@@ -458,3 +458,26 @@ def test_expandable_segments_take_effect_when_set_after_torch_is_imported():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_compiles_the_layers_of_a_run_this_machine_compiled_before(subset, tmp_path, monkeypatch, capsys):
+    """A run with --compile layers leaves a record beside inductor's cache; a later run of the same model and batch
+    with the default --compile auto then compiles its layers from the cache (the threshold lowered to 1 image, so
+    that a short run counts as long enough)."""
+    from yolov9.train import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(compiled, "AUTO_LAYERS_WARM", 1)
+    first = Trainer(_cfg(subset, tmp_path, epochs=1, name="first", compile="layers", device="0"))
+    first.fit()
+    assert compiled.compiled_before(first.compile_sig)
+    capsys.readouterr()
+    again = Trainer(_cfg(subset, tmp_path, epochs=1, name="again", device="0"))
+    summary = again.fit()
+    assert again.step.opts.compile == "layers"
+    assert "compiled (layers and loss) from this machine's cache" in capsys.readouterr().out
+    assert _rows(summary["run_dir"])[0]["compile_cache_misses"] == 0
+    other = Trainer(_cfg(subset, tmp_path, epochs=1, name="other", batch=4, device="0"))  # not compiled at batch 4
+    other.fit()
+    assert other.step.opts.compile == "off"
