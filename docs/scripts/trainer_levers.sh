@@ -13,8 +13,9 @@
 # that fails or hangs costs its limit and the rest still run. Overrides: MODELS ("cfg:batch ..."), GRAPHS, COMPILE
 # (torch.compile modes, "off layers model"), AMP, STEPS, WARMUP, EPOCHS, REPEAT, DEVICE, IMG, TESTS (pytest's -k
 # expression; "none" skips the tests), TRAIN (0 skips step 3), PROFILE (1: --profile tables beside each bench),
-# LIMIT (seconds per bench; compiling counts in it), TRAIN_ARGS (more `yolov9 train` options), BENCH_ARGS (more
-# `bench train` options), TAG (appended to the result names, so runs with other ARGS sit beside each other).
+# LIMIT (seconds per bench; compiling counts in it), TRAIN_CFG (step 3's model), TRAIN_ARGS (more `yolov9 train`
+# options), BENCH_ARGS (more `bench train` options), TAG (appended to the result names, so runs with other ARGS sit
+# beside each other).
 # A dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96 GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/levers}
@@ -27,6 +28,7 @@ TRAIN=${TRAIN:-1}
 PROFILE=${PROFILE:-0}
 LIMIT=${LIMIT:-420}
 TRAIN_ARGS=${TRAIN_ARGS:-}
+TRAIN_CFG=${TRAIN_CFG:-yolov9-s}
 BENCH_ARGS=${BENCH_ARGS:-}
 TAG=${TAG:-}
 AMP=${AMP:-fp16,bf16}
@@ -70,7 +72,7 @@ files = sorted(p for p in (src / "images").rglob("*.jpg"))
 (dst / "val.txt").write_text("".join(f"{f}\n" for f in files))
 (dst / "data.yaml").write_text(f"path: {dst}\ntrain: train.txt\nval: val.txt\nnames: {json.dumps(COCO_NAMES)}\n")
 PY
-timeout 900 yolov9 train --data "$W/data.yaml" --cfg yolov9-s --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
+timeout 900 yolov9 train --data "$W/data.yaml" --cfg "$TRAIN_CFG" --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
   --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT$TAG --exist-ok $TRAIN_ARGS >"$OUT/train.log" 2>&1
 echo "train: exit $?"
 fi
