@@ -11,7 +11,7 @@ it first sees (mode `loss` compiles it alone, the forward modes with the forward
 unchanged) so that the captured step sees few shapes. Eagerly the loss is thousands of small elementwise kernels
 per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and checkpoints are unchanged).
 Inductor's caches live in the user's cache folder, so a second run of the same model and shape on a machine starts
-without compiling again."""
+without compiling again; a record beside them (`note_compiled`) tells `--compile auto` that it would."""
 
 from __future__ import annotations
 
