@@ -16,6 +16,7 @@ without compiling again; a record beside them (`note_compiled`) tells `--compile
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -67,22 +68,107 @@ def _configure() -> None:
     dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 4096)
 
 
-class CompiledForward(nn.Module):
-    """Call like the model; parameters are the model's. mode: 'layers' or 'model' (see the module's docstring);
-    backend: torch.compile's (the CPU tests trace with 'eager', which compiles nothing)."""
+# Held by a background compile for as long as it runs: a CUDA graph capture (graphed_step.py) takes it first and
+# waits for a later step when it cannot, as a capture could be broken by another thread's compile and kernel loads.
+COMPILE_LOCK = threading.Lock()
 
-    def __init__(self, model: DetectionModel, mode: str = "layers", backend: str = "inductor"):
+
+class BackgroundCompile:
+    """What a compiled part of the step (`CompiledForward`, `CompiledLoss`) needs to compile in a thread. With
+    `background`, calls run uncompiled and keep a copy of the first call's inputs (`_example`) until
+    `start_background()` (after the first steps) has compiled in a thread on that copy (forward and backward, so
+    nothing is left to compile at the first compiled call) and `take_over()` (between steps) has switched to the
+    compiled version; `version` then changes, which tells a captured step to capture again."""
+
+    def _init_background(self, background: bool) -> None:
+        self.background, self.version = background, 0
+        self._example: tuple | None = None  # the first call's inputs, for a background compile
+        self._thread: threading.Thread | None = None
+        self._compiled = False  # set by the thread; taken over by the training thread between steps
+        self.failure: str | None = None  # why a background compile failed (the part then stays uncompiled)
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls of the compiled shapes run compiled."""
+        return not self.background or self.version > 0
+
+    def start_background(self) -> None:
+        """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
+        if self.background and self._thread is None and self._example is not None:
+            # the thread count is per thread in some builds and dynamo guards on it: the compiling thread takes the
+            # training thread's, or the training thread would compile again at the takeover
+            threads = torch.get_num_threads()
+            name = f"compile-{type(self).__name__}"
+            self._thread = threading.Thread(target=self._compile, args=(threads,), name=name, daemon=True)
+            self._thread.start()
+
+    def take_over(self) -> bool:
+        """Switch to what a finished background compile left; call between steps, never inside a capture (the
+        thread itself does not switch: it could land in the middle of one). Returns `ready`."""
+        if self._compiled and self.version == 0:
+            self.version = 1
+        return self.ready
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile; True once it has finished (or none was started)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _compile(self, threads: int) -> None:
+        device = self._example_device()
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with COMPILE_LOCK:
+            try:
+                torch.set_num_threads(threads)
+                if stream is not None:  # the copies were made on the training's stream
+                    torch.cuda.synchronize(device)
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    self._compile_example()
+                if stream is not None:
+                    stream.synchronize()
+                    torch.cuda.empty_cache()  # the copy's blocks, cached for this thread's stream alone
+                self._compiled = True
+            except Exception as e:  # the run goes on uncompiled
+                self.failure = _first_cause(e)
+            finally:
+                self._example = None
+
+    def _example_device(self) -> torch.device:
+        raise NotImplementedError
+
+    def _compile_example(self) -> None:
+        """Run the compiled version forward and backward on copies of `_example` (in the compiling thread)."""
+        raise NotImplementedError
+
+
+class CompiledForward(BackgroundCompile, nn.Module):
+    """Call like the model; parameters are the model's. mode: 'layers' or 'model' (see the module's docstring);
+    backend: torch.compile's (the CPU tests trace with 'eager', which compiles nothing); background: compile in a
+    thread (`BackgroundCompile`) on a copy of the model: dynamo keeps what it compiled per code object, not per
+    module, so the model's own compiled layers then run it without compiling again. The copy's forward and
+    backward at the run's batch take about as much GPU memory again as the step, while they run."""
+
+    def __init__(
+        self, model: DetectionModel, mode: str = "layers", backend: str = "inductor", background: bool = False
+    ):
         super().__init__()
         if mode not in FORWARD_MODES:
             raise ValueError(f"compile mode {mode!r}: choose {', '.join(FORWARD_MODES)}")
         _configure()
-        self.model, self.mode = model, mode
+        self.model, self.mode, self.backend = model, mode, backend
         # plain attributes, not submodules: the parameters are registered once, through self.model
-        if mode == "layers":
-            self.__dict__["_calls"] = [torch.compile(m, dynamic=False, backend=backend) for m in model.model]
-        else:
-            self.__dict__["_calls"] = torch.compile(model, dynamic=False, backend=backend)
+        self.__dict__["_calls"] = self._compiled_calls(model)
         self.key: tuple | None = None  # the one input signature that runs compiled
+        self._init_background(background)
+
+    def _compiled_calls(self, model: DetectionModel):
+        if self.mode == "layers":
+            return [torch.compile(m, dynamic=False, backend=self.backend) for m in model.model]
+        return torch.compile(model, dynamic=False, backend=self.backend)
+
+    def _run(self, model: DetectionModel, calls, x: torch.Tensor):
+        return run_layers(model.model, calls, model.save, x) if self.mode == "layers" else calls(x)
 
     def forward(self, x: torch.Tensor):
         key = (tuple(x.shape), x.dtype, self.model.training, torch.is_grad_enabled())
@@ -90,39 +176,40 @@ class CompiledForward(nn.Module):
             self.key = key
         if key != self.key:
             return self.model(x)
-        calls = self.__dict__["_calls"]
-        return run_layers(self.model.model, calls, self.model.save, x) if self.mode == "layers" else calls(x)
+        if not self.ready:
+            if self._example is None:  # the input and the autocast it runs under, which dynamo guards on
+                dev = x.device.type
+                amp = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled())
+                self.__dict__["_example"] = (x.detach().clone(), amp)
+            return self.model(x)
+        return self._run(self.model, self.__dict__["_calls"], x)
+
+    def _example_device(self) -> torch.device:
+        return self._example[0].device
+
+    def _compile_example(self) -> None:
+        x, (enabled, dtype, cache) = self._example
+        twin = copy.deepcopy(self.model)  # the run's model trains beside this thread: its values do not matter here
+        with torch.autocast(x.device.type, dtype=dtype, enabled=enabled, cache_enabled=cache):
+            out = self._run(twin, self._compiled_calls(twin), x.clone())  # as the step's input: no gradient
+        sum(t.float().sum() for t in _tensors(out)).backward()
 
 
-# Held by a background compile for as long as it runs: a CUDA graph capture (graphed_step.py) takes it first and
-# waits for a later step when it cannot, as a capture could be broken by another thread's compile and kernel loads.
-COMPILE_LOCK = threading.Lock()
+def _tensors(out) -> list[torch.Tensor]:
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _tensors(o)]
 
 
-class CompiledLoss:
+class CompiledLoss(BackgroundCompile):
     """Call like the `DetectionLoss` it wraps; `DetectionLoss.terms` compiled as one graph (fullgraph: a graph
-    break would mean a host synchronisation, which the captured step cannot take).
-
-    With `background`, calls run the uncompiled loss until `start_background()` (after the first step) has compiled
-    the graph in a thread, on copies of the first call's inputs (its forward and backward, so nothing is left to
-    compile at the first compiled call), and `take_over()` (between steps) has switched to it; `version` then
-    changes, which tells a captured step to capture again."""
+    break would mean a host synchronisation, which the captured step cannot take). With `background`, compiled in
+    a thread (`BackgroundCompile`)."""
 
     def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False):
         _configure()
         self.loss = loss
         self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
         self.key: tuple | None = None  # the prediction shapes that run compiled
-        self.background, self.version = background, 0
-        self._example: tuple | None = None  # the first call's inputs, for a background compile
-        self._thread: threading.Thread | None = None
-        self._compiled = False  # set by the thread; taken over by the training thread between steps
-        self.failure: str | None = None  # why a background compile failed (the loss then stays uncompiled)
-
-    @property
-    def ready(self) -> bool:
-        """Whether calls of the compiled shapes run the compiled graph."""
-        return not self.background or self.version > 0
+        self._init_background(background)
 
     def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
         heads = self.loss.heads(preds)
@@ -140,47 +227,14 @@ class CompiledLoss:
         torch._dynamo.mark_dynamic(gt, 1)  # the box count is symbolic: one compile serves every capacity of a run
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
 
-    def start_background(self) -> None:
-        """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
-        if self.background and self._thread is None and self._example is not None:
-            # the thread count is per thread in some builds and dynamo guards on it: the compiling thread takes the
-            # training thread's, or the training thread would compile again at the takeover
-            threads = torch.get_num_threads()
-            self._thread = threading.Thread(target=self._compile, args=(threads,), name="compile-loss", daemon=True)
-            self._thread.start()
+    def _example_device(self) -> torch.device:
+        return self._example[1].device
 
-    def take_over(self) -> bool:
-        """Switch to the graph a finished background compile left; call between steps, never inside a capture
-        (the thread itself does not switch: it could land in the middle of one). Returns `ready`."""
-        if self._compiled and self.version == 0:
-            self.version = 1
-        return self.ready
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for a background compile; True once it has finished (or none was started)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self._thread is None or not self._thread.is_alive()
-
-    def _compile(self, threads: int) -> None:
+    def _compile_example(self) -> None:
         heads, gt = self._example
-        stream = torch.cuda.Stream(gt.device) if gt.device.type == "cuda" else None
-        with COMPILE_LOCK:
-            try:
-                torch.set_num_threads(threads)
-                if stream is not None:  # the copies were made on the training's stream
-                    torch.cuda.synchronize(gt.device)
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    heads = [[f.clone().requires_grad_() for f in feats] for feats in heads]
-                    torch._dynamo.mark_dynamic(gt, 1)
-                    self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
-                if stream is not None:
-                    stream.synchronize()
-                self._compiled = True
-            except Exception as e:  # the run goes on with the uncompiled loss
-                self.failure = _first_cause(e)
-            finally:
-                self._example = None
+        heads = [[f.clone().requires_grad_() for f in feats] for feats in heads]
+        torch._dynamo.mark_dynamic(gt, 1)
+        self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
 
 
 def _first_cause(e: BaseException) -> str:
@@ -245,9 +299,10 @@ def note_compiled(sig: dict, seconds: float | None = None) -> None:
         path.write_text(json.dumps({**sig, "compile_s": seconds}, indent=1))
 
 
-def compiled(model: DetectionModel, mode: str) -> nn.Module:
-    """The module the training step runs: its `CompiledForward` in the forward modes, else the model itself."""
-    return CompiledForward(model, mode) if mode in FORWARD_MODES else model
+def compiled(model: DetectionModel, mode: str, background: bool = False) -> nn.Module:
+    """The module the training step runs: its `CompiledForward` in the forward modes (compiled in a thread with
+    `background`), else the model itself."""
+    return CompiledForward(model, mode, background=background) if mode in FORWARD_MODES else model
 
 
 def loss_compiled(mode: str, enabled: bool = True) -> bool:

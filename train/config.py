@@ -181,10 +181,12 @@ class TrainConfig:
     )
     compile_background: bool = option(
         False,
-        "compile the loss in a background thread: the first steps train with the uncompiled loss (captured, so the "
-        "thread takes little from them) and the compiled one takes over when ready, so the first step does not wait "
-        "for the compile (cold start to the first step about 50 s instead of 111 s on an H200); off by default as the "
-        "first epochs run slower beside the compiling thread (docs/benchmarks.md)",
+        "compile in a background thread: the loss, and with --compile layers or model the forward too (on a copy "
+        "of the model, whose step takes about as much GPU memory again while it compiles). The first steps train "
+        "uncompiled (captured, so the thread takes little from them) and the compiled step takes over when ready, "
+        "so the first step does not wait for the compile (the loss alone: cold start to the first step about 50 s "
+        "instead of 111 s on an H200; the forward: not measured yet); off by default as the first epochs run "
+        "slower beside the compiling thread (docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)

@@ -15,7 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from yolov9.train import distributed
-from yolov9.train.compiled import CompiledLoss, compiled, compiled_loss
+from yolov9.train.compiled import BackgroundCompile, compiled, compiled_loss
 from yolov9.train.config import Hyp
 from yolov9.train.data.dataset import Batch
 from yolov9.train.distributed import DistContext
@@ -50,21 +50,27 @@ class TrainStep:
     def captures(self) -> int:
         return self.graphed.captures + self.graphed_opt.captures if self.graphs else 0
 
+    @property
+    def background(self) -> list[BackgroundCompile]:
+        """The parts compiling (or compiled) in a background thread: the forward, the loss."""
+        return [p for p in (self.net, self.loss_fn) if isinstance(p, BackgroundCompile) and p.background]
+
     def micro(self, imgs: torch.Tensor, targets: torch.Tensor, sync: bool = True):
-        background = isinstance(self.loss_fn, CompiledLoss) and self.loss_fn.background
-        if background:  # a finished background compile takes over here, between steps
-            self.loss_fn.take_over()
+        background = self.background
+        for part in background:  # a finished background compile takes over here, between steps
+            part.take_over()
         if self.graphed is not None:
             out = self.graphed(imgs, targets)
         else:
             ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
             with self.net.no_sync() if ddp_local else contextlib.nullcontext():
                 out = forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
-        # a background compile of the loss starts once the uncompiled step runs at full speed: after its capture
-        # (or once it is known to run eagerly)
+        # a background compile starts once the uncompiled step runs at full speed: after its capture (or once it is
+        # known to run eagerly)
         g = self.graphed
         if background and (g is None or g.graph is not None or g.eager_only):
-            self.loss_fn.start_background()
+            for part in background:  # one at a time: each holds COMPILE_LOCK while it compiles
+                part.start_background()
         return out
 
     def step(self) -> torch.Tensor:
@@ -75,7 +81,8 @@ class TrainStep:
 
 def step_module(model: nn.Module, opts: StepOptions, ctx: DistContext) -> nn.Module:
     """What the step's forward runs: the model, compiled when opts.compile says so, DDP-wrapped under torchrun."""
-    net = compiled(model, opts.compile)
+    # under DDP the forward compiles at its first call: the step takes over background compiles of its own parts only
+    net = compiled(model, opts.compile, opts.compile_background and not ctx.active)
     if ctx.active:
         dev = ctx.device
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)

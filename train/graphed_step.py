@@ -57,13 +57,13 @@ class GraphedStep:
         self.captures = 0
         self.side = torch.cuda.Stream(self.device)  # one stream for every warm-up step (autograd expects so)
         self.eager_only = False  # set when a capture ran out of memory
-        self.loss_version = getattr(loss_fn, "version", 0)  # a loss compiled in the background changes it
+        self.versions = self._versions()  # a forward or loss compiled in the background changes them
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor):
         if self.eager_only or (self.imgs is not None and imgs.shape != self.imgs.shape):
             return self._eager(imgs, targets)  # e.g. an epoch's short last batch
-        if getattr(self.loss_fn, "version", 0) != self.loss_version:  # the compiled loss is ready: warm up anew
-            self.loss_version = self.loss_fn.version
+        if self._versions() != self.versions:  # a compiled forward or loss is ready: warm up anew
+            self.versions = self._versions()
             self.graph, self.out, self.eager_calls = None, None, 0
         n = targets.shape[1]
         if self.targets is None or n > self.targets.shape[1]:
@@ -87,6 +87,9 @@ class GraphedStep:
                 return self._eager(imgs, targets)
         self.graph.replay()
         return self.out
+
+    def _versions(self) -> tuple[int, int]:
+        return getattr(self.model, "version", 0), getattr(self.loss_fn, "version", 0)
 
     def _buffers(self, imgs: torch.Tensor, capacity: int) -> None:
         """(Re)allocate the static inputs; a graph captured on the old ones is dropped and warms up anew."""

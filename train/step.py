@@ -79,7 +79,7 @@ class StepOptions:
     """How the step runs: autocast dtype (None: fp32), channels-last input, ranks (DDP's gradient averaging is
     undone by scaling the loss), the clip norm, CUDA graphs (taken where one GPU allows them) and torch.compile
     (train/compiled.py: the loss alone, or the forward per layer or as one model, with the loss unless compile_loss
-    is off; the loss in the background with compile_background)."""
+    is off; in the background with compile_background)."""
 
     amp_dtype: torch.dtype | None = None
     channels_last: bool = True
@@ -88,7 +88,7 @@ class StepOptions:
     cuda_graph: bool = True
     compile: str = "off"
     compile_loss: bool = True
-    compile_background: bool = False  # a compiled loss compiles in a thread while the first steps run it uncompiled
+    compile_background: bool = False  # what compiles does so in a thread while the first steps run uncompiled
 
 
 def forward_backward(

@@ -26,7 +26,7 @@ from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train import distributed, plots
 from yolov9.train.compiled import (
     FORWARD_MODES,
-    CompiledLoss,
+    CompiledForward,
     cache_counts,
     compiled_before,
     loss_compiled,
@@ -374,10 +374,9 @@ class Trainer:
                         row["prewarm_s"] = self.prewarm_s
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
-                    if self.step.opts.compile in FORWARD_MODES:  # for --compile auto's next choice
-                        note_compiled(self.compile_sig, row.get("compile_s"))
                     first_epoch = False
                 self._background_compile(row)
+                self._note_compiled(row)
                 row.update(mosaic=epoch < self.train_ds.mosaic_until and cfg.hyp.mosaic > 0, batch=self.state.batch)
                 if self.dist.active:  # DDP keeps replicas identical; a spread above 0 means a desynchronised run
                     row["rank_param_spread"] = distributed.spread(self.dist, _param_sum(self.model))
@@ -396,16 +395,26 @@ class Trainer:
             return {"run_dir": None, "rank": self.dist.rank}
         return self._finish(log, monitor)
 
+    def _note_compiled(self, row: dict) -> None:
+        """Once the compiled forward has trained (after the first epoch, or when a background compile took over):
+        the record --compile auto's next run reads."""
+        net = self.step.net
+        if isinstance(net, CompiledForward) and net.ready and not getattr(self, "_compile_noted", False):
+            self._compile_noted = True
+            note_compiled(self.compile_sig, row.get("compile_s"))
+
     def _background_compile(self, row: dict) -> None:
-        """With --compile-background: whether the compiled loss has taken over (and torch.compile's counts so far),
-        and once, why its compile failed."""
-        loss = self.step.loss_fn
-        if not (isinstance(loss, CompiledLoss) and loss.background):
+        """With --compile-background: whether the compiled forward and loss have taken over (and torch.compile's
+        counts so far), and once each, why its compile failed."""
+        parts = {("forward" if isinstance(p, CompiledForward) else "loss"): p for p in self.step.background}
+        if not parts:
             return
-        row.update(loss_compiled=loss.ready, **cache_counts())
-        if loss.failure and self.main and not getattr(self, "_failure_noted", False):
-            self._failure_noted = True
-            tqdm.write(f"note: compiling the loss in the background failed ({loss.failure}); it stays uncompiled")
+        row.update({f"{name}_compiled": p.ready for name, p in parts.items()}, **cache_counts())
+        noted = self.__dict__.setdefault("_failures_noted", set())
+        for name, p in parts.items():
+            if p.failure and self.main and name not in noted:
+                noted.add(name)
+                tqdm.write(f"note: compiling the {name} in the background failed ({p.failure}); it stays uncompiled")
 
     def _plotting(self, batches, epoch: int):
         """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
@@ -456,9 +465,10 @@ class Trainer:
         mode = self.step.opts.compile
         parts = [mode] if mode in FORWARD_MODES else []
         if loss_compiled(mode, cfg.compile_loss):
-            parts += ["loss, in the background" if cfg.compile_background else "loss"]
+            parts += ["loss"]
         cached = " from this machine's cache" if mode in FORWARD_MODES and self.compiled_before else ""
-        compiled = f", compiled ({' and '.join(parts)}){cached}" if parts else ""
+        background = ", in the background" if cfg.compile_background else ""
+        compiled = f", compiled ({' and '.join(parts)}{background}){cached}" if parts else ""
         if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) != "off":
             compiled = ", not compiled (a short run would not earn back the compile; --compile layers compiles)"
         lines = [

@@ -83,7 +83,8 @@ out, runs = Path(sys.argv[1]), Path(sys.argv[2])
 bench = [dict(r, run=p.stem) for p in sorted(out.glob("bench_*.json")) for r in json.loads(p.read_text())]
 train = [json.loads(x) for x in runs.read_text().splitlines()] if runs.exists() else []
 keys = ("epoch", "images_per_s", "data_wait", "box", "cls", "dfl", "map", "map50", "first_step_s",
-        "start_to_first_step_s", "first_batch_s", "startup_s", "compile_cache_hits", "compile_cache_misses", "compile_s")
+        "start_to_first_step_s", "first_batch_s", "startup_s", "compile_cache_hits", "compile_cache_misses", "compile_s",
+        "forward_compiled", "loss_compiled")
 summary = {"bench": bench, "train": [{k: r.get(k) for k in keys} for r in train]}
 (out / "trainer_levers.json").write_text(json.dumps(summary, indent=1))
 for r in bench:

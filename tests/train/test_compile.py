@@ -302,3 +302,67 @@ def test_a_failed_background_compile_leaves_the_loss_uncompiled():
     assert net.wait(timeout=120)
     assert not net.take_over() and "no compiler here" in net.failure
     torch.testing.assert_close(net(model(x), rows)[0], loss_fn(model(x), rows)[0])
+
+
+def test_forward_compiled_in_the_background_serves_the_models_own_layers(request):
+    """The forward's layers compile in a thread on a copy of the model while the model trains uncompiled; after the
+    takeover the model's own compiled layers run what the thread compiled (dynamo's cache is per code object), with
+    no compile on the training thread, and compute what the model computes. Its BatchNorm statistics are the run's
+    alone: the copy's forward does not touch them."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = DetectionModel("gelan-t", nc=3).train()
+    runs = []  # calls of compiled graphs
+
+    def counting(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        graph = aot_eager(gm, example_inputs)
+        return lambda *args: runs.append(1) or graph(*args)
+
+    net = CompiledForward(model, "layers", backend=counting, background=True)
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    torch.set_num_threads(1 if threads > 1 else 2)
+    x = torch.rand(2, 3, 64, 64)
+
+    def check() -> None:
+        stats = [b.clone() for b in model.buffers()]
+        got = _outputs(net(x))
+        for b, s in zip(model.buffers(), stats, strict=True):  # the same forward through the model itself
+            b.copy_(s)
+        want = _outputs(model(x))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+
+    check()
+    assert not net.ready and counters["frames"]["total"] == 0 and not runs
+    stats = [b.clone() for b in model.buffers()]
+    net.start_background()
+    assert net.wait(timeout=300) and net.failure is None and not net.ready  # not taken over by the thread itself
+    for b, s in zip(model.buffers(), stats, strict=True):
+        torch.testing.assert_close(b, s)  # the copy trained, not the model
+    frames = counters["frames"]["total"]
+    assert frames > 0 and net.take_over() and net.version == 1
+    runs.clear()
+    check()
+    assert counters["frames"]["total"] == frames and len(runs) == len(model.model)  # compiled, by the thread
+
+
+def test_a_failed_background_compile_leaves_the_forward_uncompiled():
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    torch._dynamo.reset()
+    model = DetectionModel("gelan-t", nc=3).train()
+    net = CompiledForward(model, "layers", backend=broken, background=True)
+    x = torch.rand(2, 3, 64, 64)
+    net(x)
+    net.start_background()
+    assert net.wait(timeout=120)
+    assert not net.take_over() and "no compiler here" in net.failure
+    model.eval()  # the same output without BatchNorm's statistics moving between the two calls
+    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])

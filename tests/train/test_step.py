@@ -341,6 +341,16 @@ def test_loss_compiled_in_the_background_takes_over_the_captured_step(determinis
     assert step.graphed.captures == 2  # the uncompiled loss's, then the compiled one's (with room for 300 boxes)
 
 
+@needs_cuda
+def test_forward_compiled_in_the_background_takes_over_the_captured_step(deterministic_cudnn):
+    """--compile layers --compile-background: the layers and the loss compile in threads (one after the other)
+    after the first capture; both take over at the same step and the step is captured once more, and every batch
+    matches eager."""
+    step = _compare_micro_batches(StepOptions(compile="layers", compile_background=True), wait_after=3)
+    assert [p.failure for p in step.background] == [None, None]
+    assert step.net.ready and step.loss_fn.ready and step.graphed.captures == 2
+
+
 def _compare_micro_batches(opts: StepOptions, wait_after: int | None = None):
     """The step's micro-batches against eager ones at the same weights (see the test above); returns the step."""
     from yolov9.core.model import DetectionModel
@@ -354,14 +364,15 @@ def _compare_micro_batches(opts: StepOptions, wait_after: int | None = None):
     model = copy.deepcopy(eager)
     scaler, loss_fn = make_scaler(dev, None), DetectionLoss.for_model(eager)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    step = TrainStep(model, compiled(model, opts.compile), loss_fn, opt, scaler, None, opts)
+    step = TrainStep(model, compiled(model, opts.compile, opts.compile_background), loss_fn, opt, scaler, None, opts)
     data = _Batches(16, _PLAN)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, pin_memory=True)
     for i, (imgs, targets) in enumerate(loader):
         _, want = forward_backward(eager, imgs, targets, loss_fn, scaler)
         _, got = step.micro(imgs, targets)
         if i == wait_after:
-            assert step.loss_fn.wait(timeout=600), "the background compile did not finish in 10 minutes"
+            for part in step.background:
+                assert part.wait(timeout=600), "the background compile did not finish in 10 minutes"
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
         wants, gots = _layer_gradients(eager), _layer_gradients(model)
         assert wants.keys() == gots.keys()
