@@ -180,7 +180,7 @@ class CompiledForward(BackgroundCompile, nn.Module):
             if self._example is None:  # the input and the autocast it runs under, which dynamo guards on
                 dev = x.device.type
                 amp = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled())
-                self.__dict__["_example"] = (x.detach().clone(), amp)
+                self._example = (x.detach().clone(), amp)
             return self.model(x)
         return self._run(self.model, self.__dict__["_calls"], x)
 
