@@ -32,3 +32,21 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+GPU_WAITS = ("block", "spin")
+
+
+def to_host(t: torch.Tensor, wait: str = "block") -> torch.Tensor:
+    """`t` in host memory. CUDA's default wait for a copy spins a core while the process holds fewer contexts than
+    the machine has cores; with several serving processes beside their gateway that spinning takes the cores the
+    rest of the stack needs. 'block' copies into pinned memory and sleeps on a blocking CUDA event until the copy
+    is done (the thread wakes some microseconds later than a spinning one); 'spin' is the plain `.cpu()`."""
+    if t.device.type != "cuda" or wait == "spin":
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event(blocking=True)
+    done.record(torch.cuda.current_stream(t.device))
+    done.synchronize()
+    return host

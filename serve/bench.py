@@ -43,6 +43,7 @@ def _detector(args, batches: list[int]) -> Detector:
         cuda_graphs=args.cuda_graphs,
         max_batch=max(batches),
         decoder=args.decoder,
+        gpu_wait=args.gpu_wait,
     )
     det.letterbox_kernel = args.letterbox_kernel
     det.warmup()
@@ -58,7 +59,9 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
     det = _detector(args, batches)
     for b in batches:
         reqs = _requests(args, blobs, b)
+        cpu = time.process_time()
         el = seconds_per_call(det, reqs, args.warmup, args.iters, det.device)
+        cpu = (time.process_time() - cpu) / (args.warmup + args.iters)  # the process's CPU seconds per batch
         stages: dict[str, float] = {}
         for _ in range(max(args.iters // 4, 1)):  # a separate, synchronised pass for the split
             results = det(reqs, timings=stages)
@@ -73,7 +76,9 @@ def _bench_one(args, batches: list[int]) -> Iterator[dict]:
             "batch": b,
             "images_per_s": round(b / el, 1),
             "ms_per_batch": round(el * 1000, 2),
+            "cpu_ms_per_image": round(1000 * cpu / b, 3),
             "decoder": det.decoder.name,
+            "gpu_wait": args.gpu_wait,
             "letterbox": letterbox_path(b, det.device, args.letterbox_kernel),
             "stage_share": {k: round(v / total, 3) for k, v in stages.items()},
             "stage_ms": {k: round(1000 * v / passes, 2) for k, v in stages.items()},
@@ -119,19 +124,23 @@ def _bench_processes(args, batches: list[int]) -> list[dict]:
             raise Unavailable(
                 f"bench detector --procs: a process failed: {next(d for d in done if isinstance(d, str))}"
             )
+        wall, cpu = max(d[0] for d in done), sum(d[1] for d in done)
         row = {
             "engine": args.engine,
             "procs": args.procs,
             "mps": args.mps,
             "batch": b,
-            "images_per_s": round(args.procs * args.iters * b / max(done), 1),
+            "images_per_s": round(args.procs * args.iters * b / wall, 1),
+            "cpu_ms_per_image": round(1000 * cpu / (args.procs * args.iters * b), 3),
+            "cores_busy": round(cpu / wall, 2),  # the processes' CPU over the slowest one's time
+            "gpu_wait": args.gpu_wait,
         }
         rows.append(row)
     return rows
 
 
 def _child(args, batches: list[int], barrier, results) -> None:
-    out: dict[int, float | str] = {}
+    out: dict[int, tuple[float, float] | str] = {}  # per batch size: (wall, CPU) seconds of the timed calls
     try:
         blobs = load_images(args.images)
         det = _detector(args, batches)
@@ -144,8 +153,8 @@ def _child(args, batches: list[int], barrier, results) -> None:
         barrier.wait()
         if det is None:
             continue
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.iters):
             det(reqs)  # each call ends in a device-to-host copy of the detections: it is synchronous
-        out[b] = time.perf_counter() - t0
+        out[b] = (time.perf_counter() - t0, time.process_time() - cpu)
     results.put(out)

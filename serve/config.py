@@ -22,6 +22,14 @@ DECODER_HELP = (
     "nvjpeg, cpu",
 )
 
+# core/device.to_host's waits
+GpuWait = Literal["block", "spin"]
+GPU_WAIT_HELP = (
+    "block",
+    "how a GPU instance waits for its batch's results: block sleeps on a CUDA event, leaving the core to Triton "
+    "and the gateway; spin keeps a core busy polling (CUDA's default, a few microseconds sooner at light load)",
+)
+
 LOAD_TIMEOUT_S = 600.0  # deploy/rollback: how long one server may take to load a version before the roll-out stops
 
 
@@ -71,6 +79,7 @@ class RepoConfig:
         True, "GPU instances replay one CUDA graph per batch bucket (--no-cuda-graphs: the engine kernel by kernel)"
     )
     decoder: Decoder = option(DECODER_HELP[0], DECODER_HELP[1])
+    gpu_wait: GpuWait = option(GPU_WAIT_HELP[0], GPU_WAIT_HELP[1])
     max_queue: int = option(1024, "requests Triton queues per model before it refuses more")
     trt_variant: bool = option(False, "also write the tensorrt_plan ensemble (pre -> plan -> post) for NGC Triton")
     copy_engine: bool = option(
@@ -146,6 +155,7 @@ class BenchDetectorConfig:
     warmup: int = option(3, "untimed batches per size")
     cuda_graphs: bool = option(True, "run the engine with CUDA-graph buckets (--no-cuda-graphs: without)")
     decoder: Decoder = option(DECODER_HELP[0], DECODER_HELP[1])
+    gpu_wait: GpuWait = option(GPU_WAIT_HELP[0], GPU_WAIT_HELP[1])
     letterbox_kernel: bool = option(
         True,
         "on a GPU, letterbox the whole batch in one Triton kernel (--no-letterbox-kernel: one resize per image size, "

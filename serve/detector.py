@@ -14,6 +14,7 @@ import torch
 
 from yolov9.core.decode import Encoded, decode_images, pick_decoder
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET, threshold_problem
+from yolov9.core.device import to_host
 from yolov9.core.errors import BadInput
 from yolov9.core.postprocess import main_head, postprocess_candidates, postprocess_flat, threshold_candidates
 from yolov9.core.preprocess import prepare_batch, to_input
@@ -79,8 +80,10 @@ class Detector:
         cuda_graphs: bool = True,
         max_batch: int = 64,
         decoder: str = "auto",
+        gpu_wait: str = "block",
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
+        self.gpu_wait = gpu_wait  # core/device.to_host: how the host waits for the GPU's results
         self.device = self.engine.device
         self.max_det = max_det
         self.names = self.engine.names
@@ -140,7 +143,7 @@ class Detector:
         The whole batch goes through one batched decode, one step (engine and candidates), one copy of the
         candidates to the host and one NMS per distinct IoU value. `timings` accumulates seconds per stage
         (decode, letterbox, engine, nms)."""
-        lap = _Stopwatch(timings, self.device)
+        lap = _Stopwatch(timings, self.device, blocking=self.gpu_wait == "block")
         try:
             return self._detect(requests, lap)
         finally:
@@ -150,7 +153,7 @@ class Detector:
         results, ok, metas, cand, pred = self.predict(requests, lap)
         if not ok:
             return results
-        cand = cand.cpu()  # the batch's one synchronisation before NMS
+        cand = to_host(cand, self.gpu_wait)  # the batch's one synchronisation before NMS
         total = int(cand[-1, 0])
         cand = cand[:total] if total < len(cand) else None  # None: the buffer could not hold them all
         out = torch.zeros(len(ok), self.max_det, 6)  # responses leave through host memory
@@ -174,7 +177,7 @@ class Detector:
             det, owner, rank, n = flat
             # the detections with their image and rank in one copy to the host (none when NMS ran there), then
             # every detection to (its image's row, its rank within the image) in one scatter
-            flat = torch.cat((det.float(), owner[:, None].float(), rank[:, None].float()), 1).cpu()
+            flat = to_host(torch.cat((det.float(), owner[:, None].float(), rank[:, None].float()), 1), self.gpu_wait)
             out[torch.tensor(rows)[flat[:, 6].long()], flat[:, 7].long()] = flat[:, :6]
             for j, c in zip(rows, n):
                 counts[j] = c
@@ -213,8 +216,8 @@ class _Stopwatch:
     on the current stream, read at close(), after the call's copy to the host has waited for them: the split costs
     no synchronisation, so a served batch can be timed as it runs."""
 
-    def __init__(self, timings: dict[str, float] | None, device: torch.device):
-        self.timings, self.device = timings, device
+    def __init__(self, timings: dict[str, float] | None, device: torch.device, blocking: bool = True):
+        self.timings, self.device, self.blocking = timings, device, blocking
         self.cuda = device.type == "cuda" and timings is not None
         self.laps: list[tuple[str, torch.cuda.Event]] = []
         self.t = time.perf_counter()
@@ -222,7 +225,7 @@ class _Stopwatch:
             self.start = self._event()
 
     def _event(self) -> torch.cuda.Event:
-        e = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True, blocking=self.blocking)
         e.record(torch.cuda.current_stream(self.device))
         return e
 

@@ -136,7 +136,7 @@ def build_repo(engine: str | Path, repo: str | Path = "model_repository", cfg: R
     _batching(config, preferred, cfg.queue_delay_us, cfg.max_queue)
     _instances(config, cfg.instances, kind)
     params = {"engine": engine_ref, "max_det": cfg.max_det, "img_size": img_size, "names": json.dumps(meta.names)}
-    _params(config, {**params, "cuda_graphs": int(cfg.cuda_graphs), "decoder": cfg.decoder})
+    _params(config, {**params, "cuda_graphs": int(cfg.cuda_graphs), "decoder": cfg.decoder, "gpu_wait": cfg.gpu_wait})
     sample = next(iter(sample_images()), None)
     if sample is not None:
         (model_dir / "warmup").mkdir()

@@ -34,6 +34,7 @@ ENGINE=${ENGINE:-}   # an exported AOTI package to serve instead of training and
 IMAGES=${IMAGES:-}   # a folder of JPEGs to send instead of tiny_coco_val's and coco128's
 ICONC=${ICONC:-8,64,160,256}  # the loads of instances:N
 LT_PROCS=${LT_PROCS:-4}  # load-generator processes
+BUILD_ARGS=${BUILD_ARGS:-}  # more build-repo options for every repository, e.g. "--gpu-wait spin"
 mkdir -p "$R/imgs"
 if [ -n "${NVJPEG_LIB:-}" ]; then mkdir -p /tmp/nvj && ln -sf "$NVJPEG_LIB" /tmp/nvj/libnvjpeg.so.13 && export LD_LIBRARY_PATH=/tmp/nvj:$LD_LIBRARY_PATH; fi
 if [ -n "$IMAGES" ]; then cp "$IMAGES"/*.jpg "$R/imgs/"; else cp "$DATA"/tiny_coco_val/val2017/*.jpg "$DATA"/coco128/images/train2017/*.jpg "$R/imgs/"; fi
@@ -74,7 +75,7 @@ start_gateway() {  # workers, log
 recipe() {  # decoder inside Triton
   local dec=$1
   yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_$dec" --kind gpu --instances 6 --max-batch 64 \
-    --decoder "$dec" > "$R/build_$dec.log" 2>&1
+    --decoder "$dec" $BUILD_ARGS > "$R/build_$dec.log" 2>&1
   SECONDS=0
   (yolov9 serve triton --repo "$R/repo_$dec" --mps --log "$R/triton_$dec.log" > "$R/triton_cmd_$dec.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($dec) ready: $? after ${SECONDS}s" >> "$R/steps.txt"
@@ -103,7 +104,7 @@ recipe() {  # decoder inside Triton
 queue_delay() {  # microseconds
   local q=$1
   yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_q$q" --kind gpu --instances 6 --max-batch 64 \
-    --queue-delay-us "$q" > "$R/build_q$q.log" 2>&1
+    --queue-delay-us "$q" $BUILD_ARGS > "$R/build_q$q.log" 2>&1
   (yolov9 serve triton --repo "$R/repo_q$q" --mps --log "$R/triton_q$q.log" > "$R/triton_cmd_q$q.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton (queue delay $q us) ready: $?" >> "$R/steps.txt"
   step 120 "lt_triton_q$q" $LT --target triton --url 127.0.0.1:8001 --concurrency 1,8,64,160 --out "$R/lt_triton_q$q.json"
@@ -112,7 +113,7 @@ queue_delay() {  # microseconds
 # fewer or more model instances at the default queue delay (0): Triton direct and the gateway near the knee
 instances() {  # count
   local n=$1
-  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_i$n" --kind gpu --instances "$n" --max-batch 64 \
+  yolov9 serve build-repo --engine "$R/fl.pt2" --repo "$R/repo_i$n" --kind gpu --instances "$n" --max-batch 64 $BUILD_ARGS \
     > "$R/build_i$n.log" 2>&1
   (yolov9 serve triton --repo "$R/repo_i$n" --mps --log "$R/triton_i$n.log" > "$R/triton_cmd_i$n.log" 2>&1 &)
   wait_url http://127.0.0.1:8000/v2/models/yolov9/ready 240; echo "triton ($n instances) ready: $?" >> "$R/steps.txt"

@@ -30,6 +30,32 @@ def test_cuda_graph_buckets_match_eager(trained_tiny, coco48):
         torch.testing.assert_close(a[:n], b[:m], rtol=1e-3, atol=1.0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's waits need a CUDA GPU")
+def test_a_sleeping_wait_for_the_gpu_gives_the_spinning_waits_detections(trained_tiny, coco48):
+    """gpu_wait='block' copies the results into pinned memory and sleeps on a blocking event: the same
+    detections as the plain copy, and the host tensor is whole when it returns (no copy still in flight)."""
+    from yolov9.core.device import to_host
+
+    x = torch.randn(4096, 7, device="cuda") * 100
+    host = to_host(x)
+    assert host.device.type == "cpu" and host.is_pinned()
+    torch.testing.assert_close(host, x.cpu(), rtol=0, atol=0)
+    assert to_host(x, "spin").is_pinned() is False
+    blobs = [p.read_bytes() for p in sorted((coco48 / "images").glob("*.jpg"))[:6]]
+    reqs = [Request(b, conf=0.05) for b in blobs]
+    got = {}
+    for wait in ("block", "spin"):
+        det = Detector(str(trained_tiny), device="cuda", img_size=160, max_batch=8, gpu_wait=wait)
+        det.warmup()
+        timings: dict[str, float] = {}
+        got[wait] = det(reqs, timings=timings)
+        assert set(timings) == {"decode", "letterbox", "engine", "nms"} and min(timings.values()) >= 0
+    assert sum(n for _, n in got["block"]) > 0
+    for (a, n), (b, m) in zip(got["block"], got["spin"]):
+        assert n == m
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_batch_with_mixed_parameters_matches_each_request_alone(trained_tiny, coco48):
     """One dynamic batch mixes requests with their own conf, IoU, max_det and classes (two IoU groups here):
     each gets exactly what it gets when sent alone, including a bad image in the middle."""
@@ -102,6 +128,7 @@ def test_bench_detector_reports_each_batch(trained_tiny, coco48, tmp_path):
     assert main([*args, "--batches", "1,3", "--iters", "2", "--warmup", "1", "--conf", "0.05", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["batch"] for r in rows] == [1, 3] and all(r["images_per_s"] > 0 for r in rows)
+    assert all(r["cpu_ms_per_image"] > 0 and r["gpu_wait"] == "block" for r in rows)
     assert set(rows[0]["stage_share"]) == {"decode", "letterbox", "engine", "nms"}
     for r in rows:  # every detection was a candidate over the threshold before NMS
         assert 0 < r["detections_per_image"] <= r["candidates_per_image"]
@@ -118,6 +145,7 @@ def test_bench_detector_in_several_processes(trained_tiny, coco48, tmp_path):
     assert main([*args, "--procs", "2", "--batches", "2", "--iters", "2", "--warmup", "1", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["procs"] == 2 and row["batch"] == 2 and row["images_per_s"] > 0 and row["mps"] is False
+    assert row["cpu_ms_per_image"] > 0 and 0 < row["cores_busy"] <= 2.5  # two processes, each on about one core
     # a process that cannot start (no such engine) is reported, not waited for
     bad = ["bench", "detector", str(tmp_path / "missing.pt"), "--images", str(images), "--device", "cpu"]
     assert main([*bad, "--procs", "2", "--batches", "2", "--iters", "1"]) == 2
