@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torchvision
 
 
 def make_anchors(feats: list[torch.Tensor], strides: torch.Tensor, offset: float = 0.5, dtype=None):
@@ -38,8 +37,11 @@ def bbox2dist(anchors: torch.Tensor, bbox: torch.Tensor, reg_max: float) -> torc
 
 
 def xywh2xyxy(x: torch.Tensor) -> torch.Tensor:
-    """Centre-size boxes (..., 4) as corners."""
-    return torchvision.ops.box_convert(x, "cxcywh", "xyxy")
+    """Centre-size boxes (..., 4) as corners. Plain arithmetic rather than torchvision's box_convert: the model and
+    the loss need nothing else of torchvision, whose import (with the torch._dynamo it pulls in) would otherwise
+    sit before every training run's first step."""
+    xy, wh = x[..., :2], x[..., 2:]
+    return torch.cat((xy - wh / 2, xy + wh / 2), -1)
 
 
 def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision
 from PIL import Image
 
 from yolov9.core.errors import Unavailable
@@ -52,6 +51,8 @@ def as_uint8(data: Encoded) -> torch.Tensor:
 
 def decode_cpu(data: Encoded) -> torch.Tensor:
     """torchvision's decoder, then PIL for what it refuses (truncated-but-readable JPEGs, palette PNGs)."""
+    import torchvision  # imported at first use: see decode_image
+
     raw = as_uint8(data)
     try:
         return torchvision.io.decode_image(raw, mode=torchvision.io.ImageReadMode.RGB)
@@ -92,6 +93,8 @@ class NvjpegDecoder(CpuDecoder):
             raise Unavailable("the probe image did not decode")
 
     def _jpegs(self, blobs: list[Encoded]) -> list[torch.Tensor | ImageError]:
+        import torchvision  # imported at first use: see decode_image
+
         raws = [as_uint8(b) for b in blobs]
         try:
             return torchvision.io.decode_jpeg(raws, mode=torchvision.io.ImageReadMode.RGB, device=self.device)
@@ -217,7 +220,11 @@ def decode_images(
 
 
 def decode_image(data: bytes | Path | str, device: str | torch.device = "cpu") -> torch.Tensor:
-    """One encoded image (bytes or a file) -> uint8 RGB (3, H, W) on `device`; raises ImageError."""
+    """One encoded image (bytes or a file) -> uint8 RGB (3, H, W) on `device`; raises ImageError.
+
+    torchvision is imported where it is first used, here and in NMS, not with this module: its import (with the
+    torch._dynamo it pulls in) takes seconds, and the trainer makes it in its data thread beside the GPU's
+    warm-up rather than before the run's first step."""
     if isinstance(data, (str, Path)):
         data = Path(data).read_bytes()
     (img,) = decode_images([data], device)

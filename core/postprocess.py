@@ -8,7 +8,6 @@ the buffer held them all."""
 from __future__ import annotations
 
 import torch
-import torchvision
 
 from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
 from yolov9.core.detection_defaults import CONF, IOU
@@ -121,6 +120,8 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
 def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
     """NMS per (image, class) over the candidates (xyxy boxes, scores, classes, images) of b images, then at most
     max_det per image, grouped by image in score order."""
+    import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
+
     boxes, s, c, img = cand
     dev = boxes.device
     per_max = _one_per_image(max_det, b, dev)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torchvision
 from pycocotools.cocoeval import COCOeval
 
 from yolov9.core.detection_defaults import CONF, IOU
@@ -67,6 +66,8 @@ def confusion_matrix(
     (n, 6) x1, y1, x2, y2, score, class; gts per image (m, 5) class, x1, y1, x2, y2, in the same pixel frame. A
     ground-truth box matched by no detection (IoU > iou, one detection per box, best IoU first) is a background
     prediction; a detection above conf that matches nothing is a background truth."""
+    import torchvision  # imported at first use (core/decode.decode_image)
+
     m = np.zeros((nc + 1, nc + 1), np.int64)
     for det, gt in zip(dets, gts):
         det = det[det[:, 4] > conf]

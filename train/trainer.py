@@ -190,6 +190,10 @@ class Trainer:
     def _datasets_and_loader(self, spec: dict, train_index: DatasetIndex) -> None:
         """The datasets, then the training loader's workers: they build the first batches while the GPU warms up, so
         the first epoch starts with batches waiting instead of waiting for each worker's first whole batch."""
+        # decoding and NMS need torchvision, which the modules import at first use: here it is imported beside the
+        # warm-up, off the way to the first step, and before the workers fork, so that they inherit it
+        import torchvision  # noqa: F401
+
         self._datasets(spec, train_index)
         saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
         self.started = self._loader(saved["epoch"] + 1, saved["batch"])

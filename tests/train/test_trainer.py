@@ -405,6 +405,19 @@ def test_help_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
+def test_the_trainer_starts_without_torchvision():
+    """torchvision (with the torch._dynamo it imports) loads in the trainer's data thread, beside the warm-up: the
+    modules a run imports before its first step, model and loss included, do not pull it in."""
+    code = (
+        "import sys, torch; from yolov9.train.trainer import Trainer; from yolov9.train.loss import DetectionLoss; "
+        "from yolov9.core.boxes import xywh2xyxy; box = xywh2xyxy(torch.tensor([[10.0, 20.0, 4.0, 6.0]])); "
+        "assert box.tolist() == [[8.0, 17.0, 12.0, 23.0]], box; "
+        "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "[]", r.stderr
+
+
 def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(tmp_path):
     bad = tmp_path / "broken.yaml"  # a model config whose layer reads an output that does not exist: a bug path
     bad.write_text("nc: 3\nbackbone:\n  - [-1, 1, Conv, [16, 3, 2]]\nhead:\n  - [[5], 1, Detect, [nc]]\n")
