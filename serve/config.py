@@ -25,9 +25,10 @@ DECODER_HELP = (
 # core/device.to_host's waits
 GpuWait = Literal["block", "spin"]
 GPU_WAIT_HELP = (
-    "block",
-    "how a GPU instance waits for its batch's results: block sleeps on a CUDA event, leaving the core to Triton "
-    "and the gateway; spin keeps a core busy polling (CUDA's default, a few microseconds sooner at light load)",
+    "spin",
+    "how a GPU instance waits for its batch's results: spin polls on its core (CUDA's default); block sleeps on a "
+    "CUDA event, which takes less CPU, leaving cores to Triton and the gateway, but served fewer images/s where "
+    "the cores were free (docs/benchmarks.md)",
 )
 
 LOAD_TIMEOUT_S = 600.0  # deploy/rollback: how long one server may take to load a version before the roll-out stops

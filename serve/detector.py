@@ -80,7 +80,7 @@ class Detector:
         cuda_graphs: bool = True,
         max_batch: int = 64,
         decoder: str = "auto",
-        gpu_wait: str = "block",
+        gpu_wait: str = "spin",
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
         self.gpu_wait = gpu_wait  # core/device.to_host: how the host waits for the GPU's results

@@ -97,7 +97,7 @@ class TritonPythonModel:
             cuda_graphs=params.get("cuda_graphs", "1") == "1",
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
             decoder=params.get("decoder", "auto"),
-            gpu_wait=params.get("gpu_wait", "block"),
+            gpu_wait=params.get("gpu_wait", "spin"),
         )
         self.detector.warmup()
         threads = f", {torch.get_num_threads()} CPU threads" if kind == "CPU" else ""

@@ -25,9 +25,9 @@ def test_repository_layout_and_trt_variant(checkpoint, tmp_path):
     assert cfg.model_warmup and (d / "1" / "model.py").exists()
     assert (d / "1" / checkpoint.name).exists()
     assert json.loads(cfg.parameters["names"].string_value)[0] == "person"
-    assert cfg.parameters["gpu_wait"].string_value == "block"  # instances sleep while the GPU works
-    spin = read_config(build_repo(checkpoint, tmp_path / "spin", RepoConfig("det", gpu_wait="spin")))
-    assert spin.parameters["gpu_wait"].string_value == "spin"
+    assert cfg.parameters["gpu_wait"].string_value == "spin"  # CUDA's own wait unless asked
+    block = read_config(build_repo(checkpoint, tmp_path / "block", RepoConfig("det", gpu_wait="block")))
+    assert block.parameters["gpu_wait"].string_value == "block"
     plan = (tmp_path / "det_plan" / "config.pbtxt").read_text()
     assert 'platform: "tensorrt_plan"' in plan and "TYPE_FP16" in plan
     ens = (tmp_path / "det_trt" / "config.pbtxt").read_text()
