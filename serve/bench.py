@@ -142,6 +142,7 @@ def _bench_processes(args, batches: list[int]) -> list[dict]:
 def _child(args, batches: list[int], barrier, results) -> None:
     out: dict[int, tuple[float, float] | str] = {}  # per batch size: (wall, CPU) seconds of the timed calls
     try:
+        torch.set_num_threads(max(1, torch.get_num_threads() // args.procs))  # each its share, as Triton's instances
         blobs = load_images(args.images)
         det = _detector(args, batches)
     except Exception as e:  # the others still meet at the barriers; the parent reports the failure

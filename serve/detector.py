@@ -36,11 +36,17 @@ class Request:
     classes: list[int] | None = None
 
 
-def cpu_threads_per_instance(model_config: dict) -> int:
-    """This Triton instance's share of the process's threads (torch's count: the cores, or OMP_NUM_THREADS): CPU
-    instances of one model run at once, and each taking every core makes their threads thrash."""
-    groups = model_config.get("instance_group", [])
-    count = sum(int(g.get("count", 1)) for g in groups if g.get("kind") == "KIND_CPU")
+def threads_per_instance(model_config: dict) -> int:
+    """This Triton instance's share of the process's threads (torch's count: the cores, or OMP_NUM_THREADS). A
+    model's instances are processes that run at once, and each taking every core makes their threads thrash: the
+    CPU instances' whole work, and a GPU instance's host-side NMS and response copies. A GPU group's count is per
+    GPU it names, or per visible GPU when it names none, as Triton reads it."""
+    count = 0
+    for g in model_config.get("instance_group", []):
+        n = int(g.get("count", 1))
+        if g.get("kind") == "KIND_GPU":
+            n *= len(g.get("gpus") or []) or max(torch.cuda.device_count(), 1)
+        count += n
     return max(1, torch.get_num_threads() // max(count, 1))
 
 

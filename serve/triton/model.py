@@ -14,7 +14,7 @@ from torch.utils.dlpack import to_dlpack
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.image_io import ImageError
-from yolov9.serve.detector import Detector, Request, cpu_threads_per_instance
+from yolov9.serve.detector import Detector, Request, threads_per_instance
 
 
 def _inputs(request) -> dict[str, torch.Tensor]:
@@ -83,8 +83,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         kind = args.get("model_instance_kind", "CPU")
         device = f"cuda:{args['model_instance_device_id']}" if kind == "GPU" else "cpu"
-        if kind == "CPU":
-            torch.set_num_threads(cpu_threads_per_instance(cfg))
+        torch.set_num_threads(threads_per_instance(cfg))
         engine = params["engine"]
         local = os.path.join(args["model_repository"], args["model_version"], engine)
         if os.path.exists(local):  # a file copied into the version folder; else an absolute path or a zoo name
@@ -100,7 +99,7 @@ class TritonPythonModel:
             gpu_wait=params.get("gpu_wait", "spin"),
         )
         self.detector.warmup()
-        threads = f", {torch.get_num_threads()} CPU threads" if kind == "CPU" else ""
+        threads = f", {torch.get_num_threads()} CPU threads"
         name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name
         print(f"{name}: decoder {decoder}{threads}")
         self.metrics = _Metrics(args["model_name"], decoder)

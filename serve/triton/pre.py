@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 
 from yolov9.core.decode import decode_image
 from yolov9.core.preprocess import ImageError, letterbox
-from yolov9.serve.detector import cpu_threads_per_instance
+from yolov9.serve.detector import threads_per_instance
 
 
 class TritonPythonModel:
@@ -18,8 +18,7 @@ class TritonPythonModel:
         cfg = json.loads(args["model_config"])
         self.size = int(cfg["parameters"]["img_size"]["string_value"])
         self.device = f"cuda:{args['model_instance_device_id']}" if args.get("model_instance_kind") == "GPU" else "cpu"
-        if self.device == "cpu":
-            torch.set_num_threads(cpu_threads_per_instance(cfg))
+        torch.set_num_threads(threads_per_instance(cfg))
 
     def execute(self, requests):
         out = []

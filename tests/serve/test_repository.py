@@ -135,17 +135,21 @@ def test_version_folders_beyond_the_history_go_and_numbers_are_not_reused(checkp
     assert add_version(checkpoint, tmp_path, "yolov9") == 5
 
 
-def test_cpu_instances_share_the_threads(checkpoint, tmp_path):
-    """Each CPU instance takes its share of torch's threads, read from the config Triton hands it (as JSON)."""
+def test_instances_share_the_threads(checkpoint, tmp_path):
+    """Each instance takes its share of torch's threads, read from the config Triton hands it (as JSON); a GPU
+    group counts once per visible GPU."""
     from google.protobuf import json_format
 
-    from yolov9.serve.detector import cpu_threads_per_instance
+    from yolov9.serve.detector import threads_per_instance
 
     for n in (1, 2, 3):
         cfg = read_config(build_repo(checkpoint, tmp_path / str(n), RepoConfig(kind="cpu", instances=n)))
         as_triton_gives = json.loads(json_format.MessageToJson(cfg, preserving_proto_field_name=True))
-        assert cpu_threads_per_instance(as_triton_gives) == max(1, torch.get_num_threads() // n)
+        assert threads_per_instance(as_triton_gives) == max(1, torch.get_num_threads() // n)
     gpu = read_config(build_repo(checkpoint, tmp_path / "gpu", RepoConfig(kind="gpu", instances=2)))
     as_triton_gives = json.loads(json_format.MessageToJson(gpu, preserving_proto_field_name=True))
     assert as_triton_gives["instance_group"][0]["count"] == 2
-    assert cpu_threads_per_instance(as_triton_gives) == torch.get_num_threads()
+    gpus = max(torch.cuda.device_count(), 1)
+    assert threads_per_instance(as_triton_gives) == max(1, torch.get_num_threads() // (2 * gpus))
+    as_triton_gives["instance_group"][0]["gpus"] = [0, 1, 2]  # two instances on each of three GPUs
+    assert threads_per_instance(as_triton_gives) == max(1, torch.get_num_threads() // 6)
