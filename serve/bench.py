@@ -43,9 +43,8 @@ def _detector(args, batches: list[int]) -> Detector:
         cuda_graphs=args.cuda_graphs,
         max_batch=max(batches),
         decoder=args.decoder,
-        gpu_wait=args.gpu_wait,
     )
-    det.letterbox_kernel = args.letterbox_kernel
+    det.letterbox_kernel, det.gpu_wait = args.letterbox_kernel, args.gpu_wait
     det.warmup()
     return det
 

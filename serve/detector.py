@@ -86,10 +86,9 @@ class Detector:
         cuda_graphs: bool = True,
         max_batch: int = 64,
         decoder: str = "auto",
-        gpu_wait: str = "spin",
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
-        self.gpu_wait = gpu_wait  # core/device.to_host: how the host waits for the GPU's results
+        self.gpu_wait = "spin"  # how the host waits for the GPU's results (core/device.to_host): spin or block
         self.device = self.engine.device
         self.max_det = max_det
         self.names = self.engine.names

@@ -96,8 +96,8 @@ class TritonPythonModel:
             cuda_graphs=params.get("cuda_graphs", "1") == "1",
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
             decoder=params.get("decoder", "auto"),
-            gpu_wait=params.get("gpu_wait", "spin"),
         )
+        self.detector.gpu_wait = params.get("gpu_wait", "spin")
         self.detector.warmup()
         threads = f", {torch.get_num_threads()} CPU threads"
         name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name

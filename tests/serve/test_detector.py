@@ -46,7 +46,8 @@ def test_a_sleeping_wait_for_the_gpu_gives_the_spinning_waits_detections(trained
     reqs = [Request(b, conf=0.05) for b in blobs]
     got = {}
     for wait in ("block", "spin"):
-        det = Detector(str(trained_tiny), device="cuda", img_size=160, max_batch=8, gpu_wait=wait)
+        det = Detector(str(trained_tiny), device="cuda", img_size=160, max_batch=8)
+        det.gpu_wait = wait
         det.warmup()
         timings: dict[str, float] = {}
         got[wait] = det(reqs, timings=timings)
