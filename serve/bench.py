@@ -20,7 +20,7 @@ from yolov9.core.errors import Unavailable
 from yolov9.core.preprocess import letterbox_path
 from yolov9.export.bench import seconds_per_call
 from yolov9.serve.config import BenchDetectorConfig
-from yolov9.serve.detector import Detector, Request
+from yolov9.serve.detector import Detector, Request, thread_share
 from yolov9.serve.loadtest import load_images
 
 
@@ -141,7 +141,7 @@ def _bench_processes(args, batches: list[int]) -> list[dict]:
 def _child(args, batches: list[int], barrier, results) -> None:
     out: dict[int, tuple[float, float] | str] = {}  # per batch size: (wall, CPU) seconds of the timed calls
     try:
-        torch.set_num_threads(max(1, torch.get_num_threads() // args.procs))  # each its share, as Triton's instances
+        torch.set_num_threads(thread_share(args.procs))  # each its share, as Triton's instances take theirs
         blobs = load_images(args.images)
         det = _detector(args, batches)
     except Exception as e:  # the others still meet at the barriers; the parent reports the failure

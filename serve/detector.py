@@ -36,6 +36,11 @@ class Request:
     classes: list[int] | None = None
 
 
+def thread_share(processes: int) -> int:
+    """One of `processes` processes' share of torch's threads (the cores, or OMP_NUM_THREADS), at least one."""
+    return max(1, torch.get_num_threads() // max(processes, 1))
+
+
 def threads_per_instance(model_config: dict) -> int:
     """This Triton instance's share of the process's threads (torch's count: the cores, or OMP_NUM_THREADS). A
     model's instances are processes that run at once, and each taking every core makes their threads thrash: the
@@ -47,7 +52,7 @@ def threads_per_instance(model_config: dict) -> int:
         if g.get("kind") == "KIND_GPU":
             n *= len(g.get("gpus") or []) or max(torch.cuda.device_count(), 1)
         count += n
-    return max(1, torch.get_num_threads() // max(count, 1))
+    return thread_share(count)
 
 
 def graph_buckets(max_batch: int, step: int = 8) -> list[int]:
@@ -221,7 +226,7 @@ class _Stopwatch:
     on the current stream, read at close(), after the call's copy to the host has waited for them: the split costs
     no synchronisation, so a served batch can be timed as it runs."""
 
-    def __init__(self, timings: dict[str, float] | None, device: torch.device, blocking: bool = True):
+    def __init__(self, timings: dict[str, float] | None, device: torch.device, blocking: bool = False):
         self.timings, self.device, self.blocking = timings, device, blocking
         self.cuda = device.type == "cuda" and timings is not None
         self.laps: list[tuple[str, torch.cuda.Event]] = []
