@@ -36,14 +36,25 @@ def synthetic_batch(batch: int, img: int, nc: int, seed: int = 0) -> tuple[torch
 
 def prewarm(
     model: nn.Module, batch: int, img: int, opts: StepOptions, gains: LossGains | None = None
-) -> tuple[float, str | None]:
+) -> tuple[dict[str, float], str | None]:
     """One whole training step of a copy of `model` on a synthetic (batch, 3, img, img) batch, on the calling
     thread: the thread that will train, because PyTorch keeps cuDNN's timed choices per thread (the backward's run
-    on autograd's device thread, shared by all). Returns the seconds it took and, when it failed (e.g. out of
-    memory at a large batch), why in one line: a failure costs only the warm-up, the first step then warms up as
-    it would have."""
-    t0 = time.perf_counter()
+    on autograd's device thread, shared by all). Returns the seconds of each part (the copy and its optimizer, the
+    forward and backward, the optimizer step, the release of the copy's memory; each waits for the GPU) and, when
+    it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up, the first
+    step then warms up as it would have."""
     device = next(model.parameters()).device
+    parts: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        parts[name] = round(now - t, 3)
+        t = now
+
     error = None
     try:
         twin = copy.deepcopy(model).train()
@@ -51,14 +62,16 @@ def prewarm(
         imgs, targets = synthetic_batch(batch, img, loss_fn.nc)
         scaler = make_scaler(device, opts.amp_dtype)
         optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
+        lap("copy")
         forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
+        lap("forward_backward")
         optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        lap("optimizer")
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         twin = optimizer = None
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's
-    return time.perf_counter() - t0, error
+        lap("release")
+    return parts, error

@@ -129,7 +129,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.dir: Path | None = None
         self.startup["model"] = _seconds_since_process_start()
-        self.prewarm_s = None
+        self.prewarm_parts: dict[str, float] | None = None
         self.started: tuple[DataLoader, Iterator[Batch]] | None = None  # the loader started beside the warm-up
         if self._prewarms():  # the images are cached and the loader started in a thread while this one warms the GPU
             _beside(lambda: self._datasets_and_loader(spec, train_index), self._prewarm)
@@ -182,7 +182,7 @@ class Trainer:
     def _prewarm(self) -> None:
         cfg = self.cfg
         opts = StepOptions(self.amp_dtype, cfg.channels_last, clip=cfg.clip)
-        self.prewarm_s, error = prewarm(self.model, cfg.batch, cfg.img, opts, cfg.loss)
+        self.prewarm_parts, error = prewarm(self.model, cfg.batch, cfg.img, opts, cfg.loss)
         self.startup["prewarm"] = _seconds_since_process_start()
         if error and self.main:
             print(f"note: warming the GPU up failed ({error}); the first step warms it instead")
@@ -374,8 +374,9 @@ class Trainer:
                         "first_batch": round(started + row["first_batch_s"], 2),
                         "first_step": round(row["start_to_first_step_s"], 2),
                     }
-                    if self.prewarm_s is not None:  # beside the "datasets" stage, in another thread
-                        row["prewarm_s"] = self.prewarm_s
+                    if self.prewarm_parts is not None:  # beside the "datasets" stage, in another thread
+                        row["prewarm_s"] = round(sum(self.prewarm_parts.values()), 3)
+                        row["prewarm_parts_s"] = self.prewarm_parts
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
                     first_epoch = False

@@ -30,9 +30,10 @@ def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOption
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     reserved = torch.cuda.memory_reserved(device) if cuda_rng is not None else 0
-    seconds, error = prewarm(model, batch, img, opts)
+    parts, error = prewarm(model, batch, img, opts)
     assert error is None
-    assert seconds > 0
+    assert list(parts) == ["copy", "forward_backward", "optimizer", "release"]
+    assert all(s >= 0 for s in parts.values()) and parts["forward_backward"] > 0
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "the run's model changed"
     assert all(p.grad is None for p in model.parameters())
@@ -60,8 +61,9 @@ def test_prewarm_runs_a_whole_step_on_a_copy_and_changes_nothing():
 def test_a_failed_prewarm_says_why_and_the_model_is_untouched():
     model = DetectionModel(load_cfg("gelan-t"), nc=3)
     before = _snapshot(model)
-    _, error = prewarm(model, 2, 50, StepOptions(channels_last=False))  # 50 px: not a multiple of the stride
+    parts, error = prewarm(model, 2, 50, StepOptions(channels_last=False))  # 50 px: not a multiple of the stride
     assert error and "\n" not in error
+    assert "forward_backward" not in parts and "release" in parts  # the parts that ran
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -80,7 +82,7 @@ def test_trainer_warms_the_gpu_before_its_first_step(tiny_subset, tmp_path):
     )
     run = Trainer(tiny_train_config(data, tmp_path, device="0", amp="fp16", epochs=1, name="warm")).fit()
     row = json.loads((Path(run["run_dir"]) / "results.jsonl").read_text().splitlines()[0])
-    assert row["prewarm_s"] > 0
+    assert row["prewarm_s"] > 0 and row["prewarm_s"] >= row["prewarm_parts_s"]["forward_backward"] > 0
     stages = list(row["startup_s"])
     assert stages.index("model") < stages.index("prewarm") < stages.index("datasets") < stages.index("epoch_start")
     assert row["startup_s"]["model"] < row["startup_s"]["loader"] <= row["startup_s"]["datasets"]  # beside the warm-up
