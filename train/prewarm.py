@@ -22,12 +22,22 @@ from yolov9.train.step import StepOptions, build_optimizer, forward_backward, ma
 BOXES = 8  # synthetic boxes per image, padded to the target capacity as the captured step pads a real batch
 
 
-def synthetic_batch(batch: int, img: int, nc: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (batch, 3, img, img) and padded targets (batch, target_capacity(BOXES), 5) of class, x, y, w, h
-    (normalised; BOXES of them per image, then all-zero rows), from a private generator (the run's random streams do
-    not move)."""
+def synthetic_batch(
+    batch: int, img: int, nc: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images (batch, 3, img, img) on `device` and padded targets (batch, target_capacity(BOXES), 5) on the CPU
+    of class, x, y, w, h (normalised; BOXES of them per image, then all-zero rows), from private generators (the
+    run's random streams do not move). The images are drawn where they are used: the CPU's draw of a large batch
+    would sit on the warm-up's path."""
+    imgs = torch.randint(
+        0,
+        256,
+        (batch, 3, img, img),
+        dtype=torch.uint8,
+        device=device,
+        generator=torch.Generator(device).manual_seed(seed),
+    )
     g = torch.Generator().manual_seed(seed)
-    imgs = torch.randint(0, 256, (batch, 3, img, img), dtype=torch.uint8, generator=g)
     cls = torch.randint(0, nc, (batch, BOXES, 1), generator=g).float()
     xy = 0.2 + 0.6 * torch.rand(batch, BOXES, 2, generator=g)
     wh = 0.05 + 0.3 * torch.rand(batch, BOXES, 2, generator=g)
@@ -39,10 +49,10 @@ def prewarm(
 ) -> tuple[dict[str, float], str | None]:
     """One whole training step of a copy of `model` on a synthetic (batch, 3, img, img) batch, on the calling
     thread: the thread that will train, because PyTorch keeps cuDNN's timed choices per thread (the backward's run
-    on autograd's device thread, shared by all). Returns the seconds of each part (the copy and its optimizer, the
-    forward and backward, the optimizer step, the release of the copy's memory; each waits for the GPU) and, when
-    it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up, the first
-    step then warms up as it would have."""
+    on autograd's device thread, shared by all). Returns the seconds of each part (the copy and its batch, the
+    forward and backward, the optimizer and its step, the release of the copy's memory; each waits for the GPU)
+    and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
+    the first step then warms up as it would have."""
     device = next(model.parameters()).device
     parts: dict[str, float] = {}
     t = time.perf_counter()
@@ -59,12 +69,14 @@ def prewarm(
     try:
         twin = copy.deepcopy(model).train()
         loss_fn = DetectionLoss.for_model(twin, gains)
-        imgs, targets = synthetic_batch(batch, img, loss_fn.nc)
+        imgs, targets = synthetic_batch(batch, img, loss_fn.nc, device=device)
         scaler = make_scaler(device, opts.amp_dtype)
-        optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
         lap("copy")
         forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
         lap("forward_backward")
+        # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
+        # trainer's data thread imports meanwhile (with torchvision) while cuDNN times the convolutions
+        optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
         optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
         lap("optimizer")
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)

@@ -58,6 +58,19 @@ def test_prewarm_runs_a_whole_step_on_a_copy_and_changes_nothing():
     _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False))
 
 
+def test_prewarm_times_the_convolutions_before_it_builds_an_optimizer(monkeypatch):
+    """An optimizer's first use imports torch._dynamo (seconds on a GPU box); the trainer's data thread imports it
+    meanwhile, so the warm-up builds its optimizer only after the forward and backward."""
+    import yolov9.train.prewarm as warm
+
+    calls = []
+    for name in ("forward_backward", "build_optimizer"):
+        real = getattr(warm, name)
+        monkeypatch.setattr(warm, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False))
+    assert calls == ["forward_backward", "build_optimizer"]
+
+
 def test_a_failed_prewarm_says_why_and_the_model_is_untouched():
     model = DetectionModel(load_cfg("gelan-t"), nc=3)
     before = _snapshot(model)
