@@ -27,8 +27,9 @@ GpuWait = Literal["block", "spin"]
 GPU_WAIT_HELP = (
     "spin",
     "how a GPU instance waits for its batch's results: spin polls on its core (CUDA's default); block sleeps on a "
-    "CUDA event, which takes less CPU, leaving cores to Triton and the gateway, but served fewer images/s where "
-    "the cores were free (docs/benchmarks.md)",
+    "CUDA event, which takes about half the stubs' CPU, leaving cores to Triton and the gateway, but in the full "
+    "stack served fewer images/s at light and medium loads and was level or ahead only at the heaviest "
+    "(docs/benchmarks.md)",
 )
 
 LOAD_TIMEOUT_S = 600.0  # deploy/rollback: how long one server may take to load a version before the roll-out stops
