@@ -34,7 +34,7 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def to_host(t: torch.Tensor, wait: str = "spin") -> torch.Tensor:
+def to_host(t: torch.Tensor, wait: str) -> torch.Tensor:
     """`t` in host memory. CUDA's default wait for a copy spins a core while the process holds fewer contexts than
     the machine has cores; with several serving processes beside their gateway that spinning takes the cores the
     rest of the stack needs. 'block' copies into pinned memory and sleeps on a blocking CUDA event until the copy

@@ -24,8 +24,9 @@ DECODER_HELP = (
 
 # core/device.to_host's waits
 GpuWait = Literal["block", "spin"]
+GPU_WAIT: GpuWait = "spin"  # the default of build-repo, bench detector, the Detector and a repository without it
 GPU_WAIT_HELP = (
-    "spin",
+    GPU_WAIT,
     "how a GPU instance waits for its batch's results: spin polls on its core (CUDA's default); block sleeps on a "
     "CUDA event, which takes about half the stubs' CPU, leaving cores to Triton and the gateway, but in the full "
     "stack served fewer images/s at light and medium loads and was level or ahead only at the heaviest "

@@ -20,6 +20,7 @@ from yolov9.core.postprocess import main_head, postprocess_candidates, postproce
 from yolov9.core.preprocess import prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
 from yolov9.export.engine import Engine, load_engine
+from yolov9.serve.config import GPU_WAIT
 
 # Room per image in the step's candidate buffer. A trained detector puts a few to a few dozen anchors of a photo
 # over the serving threshold; a batch with more (a low threshold, as `val --url` sends) runs NMS of them all from
@@ -93,7 +94,7 @@ class Detector:
         decoder: str = "auto",
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
-        self.gpu_wait = "spin"  # how the host waits for the GPU's results (core/device.to_host): spin or block
+        self.gpu_wait = GPU_WAIT  # how the host waits for the GPU's results (core/device.to_host): spin or block
         self.device = self.engine.device
         self.max_det = max_det
         self.names = self.engine.names

@@ -14,6 +14,7 @@ from torch.utils.dlpack import to_dlpack
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.image_io import ImageError
+from yolov9.serve.config import GPU_WAIT
 from yolov9.serve.detector import Detector, Request, threads_per_instance
 
 
@@ -97,7 +98,7 @@ class TritonPythonModel:
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
             decoder=params.get("decoder", "auto"),
         )
-        self.detector.gpu_wait = params.get("gpu_wait", "spin")
+        self.detector.gpu_wait = params.get("gpu_wait", GPU_WAIT)
         self.detector.warmup()
         threads = f", {torch.get_num_threads()} CPU threads"
         name, decoder = f"{args['model_name']} instance {args['model_instance_name']}", self.detector.decoder.name
