@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -45,14 +46,21 @@ def synthetic_batch(
 
 
 def prewarm(
-    model: nn.Module, batch: int, img: int, opts: StepOptions, gains: LossGains | None = None
+    model: nn.Module,
+    batch: int,
+    img: int,
+    opts: StepOptions,
+    gains: LossGains | None = None,
+    then: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, float], str | None]:
     """One whole training step of a copy of `model` on a synthetic (batch, 3, img, img) batch, on the calling
     thread: the thread that will train, because PyTorch keeps cuDNN's timed choices per thread (the backward's run
     on autograd's device thread, shared by all). Returns the seconds of each part (the copy and its batch, the
     forward and backward, the optimizer and its step, the release of the copy's memory; each waits for the GPU)
     and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
-    the first step then warms up as it would have."""
+    the first step then warms up as it would have. `then` is called once, when the copy is made (or has failed):
+    the trainer starts its data thread there, because the copy is interpreter work that the thread's imports would
+    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU."""
     device = next(model.parameters()).device
     parts: dict[str, float] = {}
     t = time.perf_counter()
@@ -65,13 +73,21 @@ def prewarm(
         parts[name] = round(now - t, 3)
         t = now
 
-    error = None
+    error, started = None, False
+
+    def start() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            then()
+
     try:
         twin = copy.deepcopy(model).train()
         loss_fn = DetectionLoss.for_model(twin, gains)
         imgs, targets = synthetic_batch(batch, img, loss_fn.nc, device=device)
         scaler = make_scaler(device, opts.amp_dtype)
         lap("copy")
+        start()
         forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
         lap("forward_backward")
         # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
@@ -82,6 +98,7 @@ def prewarm(
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
+        start()
         twin = optimizer = None
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's

@@ -132,6 +132,7 @@ class Trainer:
         self.prewarm_parts: dict[str, float] | None = None
         self.started: tuple[DataLoader, Iterator[Batch]] | None = None  # the loader started beside the warm-up
         if self._prewarms():  # the images are cached and the loader started in a thread while this one warms the GPU
+            # (the thread starts once the warm-up's copy of the model is made)
             _beside(lambda: self._datasets_and_loader(spec, train_index), self._prewarm)
         else:
             self._datasets(spec, train_index)
@@ -179,10 +180,10 @@ class Trainer:
         cfg = self.cfg
         return cfg.prewarm and self.device.type == "cuda" and cfg.batch > 0 and not self.dist.active
 
-    def _prewarm(self) -> None:
+    def _prewarm(self, start_data: Callable[[], None]) -> None:
         cfg = self.cfg
         opts = StepOptions(self.amp_dtype, cfg.channels_last, clip=cfg.clip)
-        self.prewarm_parts, error = prewarm(self.model, cfg.batch, cfg.img, opts, cfg.loss)
+        self.prewarm_parts, error = prewarm(self.model, cfg.batch, cfg.img, opts, cfg.loss, then=start_data)
         self.startup["prewarm"] = _seconds_since_process_start()
         if error and self.main:
             print(f"note: warming the GPU up failed ({error}); the first step warms it instead")
@@ -194,7 +195,9 @@ class Trainer:
         # warm-up, off the way to the first step, and before the workers fork, so that they inherit it
         import torchvision  # noqa: F401
 
+        self.startup["data_imports"] = _seconds_since_process_start()
         self._datasets(spec, train_index)
+        self.startup["data_ready"] = _seconds_since_process_start()  # checked and cached; then the workers start
         saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
         self.started = self._loader(saved["epoch"] + 1, saved["batch"])
         self.startup["loader"] = _seconds_since_process_start()
@@ -551,10 +554,12 @@ def _to_letterbox(det: torch.Tensor, meta) -> torch.Tensor:
     return out
 
 
-def _beside(work: Callable[[], None], here: Callable[[], None]) -> None:
-    """Runs `work` in a thread while `here` runs on this one; raises `work`'s error. A plain thread, not an
-    executor's: processes forked from an executor's thread (the loader's workers) exit with code 1, their copy of
-    the executor's exit hook joining threads that the fork did not copy, and the loader reports them as crashed."""
+def _beside(work: Callable[[], None], here: Callable[[Callable[[], None]], None]) -> None:
+    """Runs `work` in a thread beside `here` on this one; raises `work`'s error. `here` is given the function that
+    starts the thread, to call when its own interpreter-bound part is done (the thread starts when `here` returns
+    at the latest). A plain thread, not an executor's: processes forked from an executor's thread (the loader's
+    workers) exit with code 1, their copy of the executor's exit hook joining threads that the fork did not copy,
+    and the loader reports them as crashed."""
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -564,10 +569,15 @@ def _beside(work: Callable[[], None], here: Callable[[], None]) -> None:
             errors.append(e)
 
     thread = threading.Thread(target=run, name="datasets")
-    thread.start()
+
+    def start() -> None:
+        if thread.ident is None:
+            thread.start()
+
     try:
-        here()
+        here(start)
     finally:
+        start()
         thread.join()
     if errors:
         raise errors[0]

@@ -21,7 +21,7 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOptions) -> int:
+def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOptions, then=lambda: None) -> int:
     """Warms a gelan-t up and checks that nothing of the run moved; returns the GPU memory the warm-up left
     reserved beyond what the model itself holds."""
     torch.manual_seed(0)
@@ -30,7 +30,7 @@ def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOption
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     reserved = torch.cuda.memory_reserved(device) if cuda_rng is not None else 0
-    parts, error = prewarm(model, batch, img, opts)
+    parts, error = prewarm(model, batch, img, opts, then=then)
     assert error is None
     assert list(parts) == ["copy", "forward_backward", "optimizer", "release"]
     assert all(s >= 0 for s in parts.values()) and parts["forward_backward"] > 0
@@ -64,11 +64,34 @@ def test_prewarm_times_the_convolutions_before_it_builds_an_optimizer(monkeypatc
     import yolov9.train.prewarm as warm
 
     calls = []
-    for name in ("forward_backward", "build_optimizer"):
+    for name in ("synthetic_batch", "forward_backward", "build_optimizer"):
         real = getattr(warm, name)
         monkeypatch.setattr(warm, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
-    _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False))
-    assert calls == ["forward_backward", "build_optimizer"]
+    _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False), then=lambda: calls.append("then"))
+    # the data thread starts once the copy is made, so the copy's interpreter work does not share the lock with it
+    assert calls == ["synthetic_batch", "then", "forward_backward", "build_optimizer"]
+
+
+def test_the_data_thread_starts_even_when_the_warm_ups_copy_fails(monkeypatch):
+    import yolov9.train.prewarm as warm
+
+    def fail(*_a, **_k):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(warm, "synthetic_batch", fail)
+    started = []
+    parts, error = prewarm(
+        DetectionModel(load_cfg("gelan-t"), nc=3), 2, 64, StepOptions(), then=lambda: started.append(1)
+    )
+    assert error == "RuntimeError: CUDA out of memory" and started == [1] and "copy" not in parts
+
+
+def test_beside_starts_the_thread_when_the_caller_did_not():
+    ran = []
+    _beside(lambda: ran.append("work"), lambda start: ran.append("here"))
+    assert ran == ["here", "work"]
+    with pytest.raises(ValueError, match="bad data"):  # the thread's error is raised here
+        _beside(lambda: (_ for _ in ()).throw(ValueError("bad data")), lambda start: start())
 
 
 def test_a_failed_prewarm_says_why_and_the_model_is_untouched():
@@ -98,7 +121,9 @@ def test_trainer_warms_the_gpu_before_its_first_step(tiny_subset, tmp_path):
     assert row["prewarm_s"] > 0 and row["prewarm_s"] >= row["prewarm_parts_s"]["forward_backward"] > 0
     stages = list(row["startup_s"])
     assert stages.index("model") < stages.index("prewarm") < stages.index("datasets") < stages.index("epoch_start")
-    assert row["startup_s"]["model"] < row["startup_s"]["loader"] <= row["startup_s"]["datasets"]  # beside the warm-up
+    # beside the warm-up, in the data thread: torchvision, the datasets, the loader's workers
+    at = row["startup_s"]
+    assert at["model"] < at["data_imports"] <= at["data_ready"] <= at["loader"] <= at["datasets"]
     # what the first step asked CUDA for: device segments, and pinned blocks where this torch counts them
     allocations = row["first_step_allocations"]
     assert allocations["device_segments"] > 0
@@ -112,10 +137,11 @@ def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, t
     data = tmp_path / "data.yaml"
     data.write_text(f"path: {tiny_subset}\ntrain: images\nnames: [{', '.join(f'c{i}' for i in range(80))}]\n")
     trainer = Trainer(tiny_train_config(data, tmp_path, workers=2, epochs=2))
-    _beside(lambda: trainer._datasets_and_loader(*trainer._index()), lambda: None)  # as the warm-up starts it
+    _beside(lambda: trainer._datasets_and_loader(*trainer._index()), lambda start: start())  # as the warm-up does
     started = trainer.started
     sampler = started[0].batch_sampler
-    assert (sampler.start_epoch, sampler.batch) == (0, 8) and "loader" in trainer.startup
+    assert (sampler.start_epoch, sampler.batch) == (0, 8)
+    assert list(trainer.startup)[-3:] == ["data_imports", "data_ready", "loader"]
     trainer._setup()
     loader, batches = trainer._running_loader(0)
     assert loader is started[0] and batches is started[1] and trainer.started is None
