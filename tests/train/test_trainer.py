@@ -494,3 +494,20 @@ def test_auto_compiles_the_layers_of_a_run_this_machine_compiled_before(subset, 
     other = Trainer(_cfg(subset, tmp_path, epochs=1, name="other", batch=4, device="0"))  # not compiled at batch 4
     other.fit()
     assert other.step.opts.compile == "off"
+
+
+def test_a_stalled_step_prints_every_threads_stack_and_a_finished_epoch_stops_watching(
+    subset, tmp_path, monkeypatch, capfd
+):
+    """A batch and step longer than engine.STALL_S (here 10 ms: any CPU step) print where each thread is; after the
+    epoch the report is disarmed, so nothing more is printed while the run validates or ends."""
+    import time
+
+    import yolov9.train.engine as engine
+
+    monkeypatch.setattr(engine, "STALL_S", 0.01)
+    Trainer(_cfg(subset, tmp_path, epochs=1, batch=4, nbs=4, name="stall")).fit()
+    err = capfd.readouterr().err
+    assert "Timeout (0:00:00.01" in err and "in train_one_epoch" in err, err[-2000:]
+    time.sleep(0.1)
+    assert "Timeout" not in capfd.readouterr().err
