@@ -15,8 +15,9 @@ from yolov9.core.paths import SAMPLE_IMAGES
 
 # core/decode.py's decoders (named here too: this module stays torch-free for a fast --help)
 Decoder = Literal["auto", "nvimgcodec", "nvjpeg", "cpu"]
+DECODER: Decoder = "auto"  # the default of build-repo, bench detector, the Detector and a repository without it
 DECODER_HELP = (
-    "auto",
+    DECODER,
     "JPEG decoder: auto takes nvjpeg (torchvision, on the CUDA cores) on a GPU and cpu elsewhere; nvimgcodec uses "
     "the GPU's hardware JPEG engines (pip install yolov9-trt[gpu]); one that cannot run falls back along nvimgcodec, "
     "nvjpeg, cpu",

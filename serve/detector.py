@@ -20,7 +20,7 @@ from yolov9.core.postprocess import main_head, postprocess_candidates, postproce
 from yolov9.core.preprocess import prepare_batch, to_input
 from yolov9.export.cuda_graph import CudaGraphEngine
 from yolov9.export.engine import Engine, load_engine
-from yolov9.serve.config import GPU_WAIT
+from yolov9.serve.config import DECODER, GPU_WAIT
 
 # Room per image in the step's candidate buffer. A trained detector puts a few to a few dozen anchors of a photo
 # over the serving threshold; a batch with more (a low threshold, as `val --url` sends) runs NMS of them all from
@@ -91,7 +91,7 @@ class Detector:
         img_size: int | None = None,
         cuda_graphs: bool = True,
         max_batch: int = 64,
-        decoder: str = "auto",
+        decoder: str = DECODER,
     ):
         self.engine = load_engine(engine_path, device=device, img_size=img_size)
         self.gpu_wait = GPU_WAIT  # how the host waits for the GPU's results (core/device.to_host): spin or block

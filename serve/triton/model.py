@@ -14,7 +14,7 @@ from torch.utils.dlpack import to_dlpack
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.image_io import ImageError
-from yolov9.serve.config import GPU_WAIT
+from yolov9.serve.config import DECODER, GPU_WAIT
 from yolov9.serve.detector import Detector, Request, threads_per_instance
 
 
@@ -96,7 +96,7 @@ class TritonPythonModel:
             img_size=int(params.get("img_size", 640)),
             cuda_graphs=params.get("cuda_graphs", "1") == "1",
             max_batch=max(int(cfg.get("max_batch_size", 0)), 1),
-            decoder=params.get("decoder", "auto"),
+            decoder=params.get("decoder", DECODER),
         )
         self.detector.gpu_wait = params.get("gpu_wait", GPU_WAIT)
         self.detector.warmup()
