@@ -5,8 +5,6 @@ the epoch's log row."""
 from __future__ import annotations
 
 import contextlib
-import faulthandler
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,19 +21,9 @@ from yolov9.train.data.dataset import Batch
 from yolov9.train.distributed import DistContext
 from yolov9.train.gpu_monitor import GpuMonitor
 from yolov9.train.graphed_step import GraphedOptimizerStep, GraphedStep, graphs_possible
+from yolov9.train.stall import watched
 from yolov9.train.state import TrainState
 from yolov9.train.step import StepOptions, forward_backward, optimizer_step
-
-# A batch and step that take longer than this print every thread's Python stack (faulthandler, from a C thread, so
-# it also reports a hang that holds the interpreter lock): a stalled run says where it waits instead of sitting
-# silent. Longer than a cold compile's first step.
-STALL_S = 900.0
-
-
-def _watch_for_stall() -> None:
-    """(Re)arms the stall report; each call restarts its clock."""
-    if sys.__stderr__ is not None:
-        faulthandler.dump_traceback_later(STALL_S, file=sys.__stderr__)
 
 
 class TrainStep:
@@ -158,10 +146,8 @@ def train_one_epoch(
     bad_losses = torch.zeros((), dtype=torch.int64, device=device)  # read once, after the epoch
     t_epoch, t_wait, seen, first = time.perf_counter(), 0.0, 0, {}
     bar = tqdm(total=plan.batches, desc=f"epoch {epoch + 1}/{plan.epochs}", dynamic_ncols=True, disable=not dist.main)
-    with bar, contextlib.ExitStack() as stack:
-        stack.callback(faulthandler.cancel_dump_traceback_later)
-        for i in range(plan.batches):
-            _watch_for_stall()
+    with bar:
+        for i in watched(range(plan.batches)):  # a stalled batch or step prints where each thread waits
             t0 = time.perf_counter()
             batch = next(batches)
             t_batch = time.perf_counter()

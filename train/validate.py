@@ -24,6 +24,7 @@ from yolov9.core.postprocess import main_head, per_image, postprocess_flat
 from yolov9.train.data.dataset import Batch, DetectionDataset
 from yolov9.train.data.targets import pad_targets
 from yolov9.train.metrics import confusion_matrix, pr_curves
+from yolov9.train.stall import watched
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def evaluate(
     device, dtype = _device_dtype(predict)
     dets, shapes, per_image_dets, losses, sample = [], {}, {}, [], None
     t0 = time.perf_counter()
-    for batch in tqdm(loader, desc="val", leave=False, disable=not progress):
+    for batch in watched(tqdm(loader, desc="val", leave=False, disable=not progress)):
         x = batch.images.to(device, non_blocking=True).to(dtype) / 255
         if loss_fn is not None:  # the head's raw maps give the loss, and decode to what eval mode returns
             with raw_outputs(predict):

@@ -499,13 +499,13 @@ def test_auto_compiles_the_layers_of_a_run_this_machine_compiled_before(subset, 
 def test_a_stalled_step_prints_every_threads_stack_and_a_finished_epoch_stops_watching(
     subset, tmp_path, monkeypatch, capfd
 ):
-    """A batch and step longer than engine.STALL_S (here 10 ms: any CPU step) print where each thread is; after the
-    epoch the report is disarmed, so nothing more is printed while the run validates or ends."""
+    """A batch and step longer than stall.STALL_S (here 10 ms: any CPU step) print where each thread is; after the
+    epoch the report is disarmed, so nothing more is printed once the run has ended."""
     import time
 
-    import yolov9.train.engine as engine
+    import yolov9.train.stall as stall
 
-    monkeypatch.setattr(engine, "STALL_S", 0.01)
+    monkeypatch.setattr(stall, "STALL_S", 0.01)
     Trainer(_cfg(subset, tmp_path, epochs=1, batch=4, nbs=4, name="stall")).fit()
     err = capfd.readouterr().err
     assert "Timeout (0:00:00.01" in err and "in train_one_epoch" in err, err[-2000:]
