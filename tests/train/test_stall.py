@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import yolov9.train.stall as stall
@@ -23,4 +26,16 @@ def test_a_loop_of_quick_items_prints_nothing(monkeypatch, capfd):
     monkeypatch.setattr(stall, "STALL_S", 0.5)
     assert list(stall.watched(x for x in "abc")) == ["a", "b", "c"]
     time.sleep(0.6)
+    assert capfd.readouterr().err == ""
+
+
+def test_the_limit_comes_from_the_environment_and_zero_turns_the_report_off(monkeypatch, capfd):
+    code = "import yolov9.train.stall as s; print(s.STALL_S)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "YOLOV9_STALL_S": "120"}, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "120.0", out.stderr[-500:]
+    monkeypatch.setattr(stall, "STALL_S", 0.0)
+    for _ in stall.watched(range(2)):
+        time.sleep(0.1)
     assert capfd.readouterr().err == ""
