@@ -15,8 +15,8 @@
 # expression; "none" skips the tests), TRAIN (0 skips step 3), PROFILE (1: --profile tables beside each bench),
 # LIMIT (seconds per bench; compiling counts in it), TRAIN_CFG (step 3's model), TRAIN_ARGS (more `yolov9 train`
 # options), BENCH_ARGS (more `bench train` options), TAG (appended to the result names, so runs with other ARGS sit
-# beside each other). A train step that reaches its timeout is stopped with SIGABRT, so faulthandler prints where each
-# thread waited; $YOLOV9_STALL_S below the timeout prints that without stopping it.
+# beside each other), TRAIN_LIMIT (step 3's timeout in seconds, 900). A train step that reaches it is stopped with
+# SIGABRT, so faulthandler prints where each thread waited; $YOLOV9_STALL_S below it prints that without stopping.
 # A dry run on the CPU: DEVICE=cpu MODELS=gelan-t:4 IMG=96 GRAPHS=--no-cuda-graph AMP=bf16 STEPS=2 WARMUP=1 EPOCHS=1 REPEAT=1.
 set -uo pipefail
 OUT=${OUT:-/tmp/levers}
@@ -73,7 +73,7 @@ files = sorted(p for p in (src / "images").rglob("*.jpg"))
 (dst / "val.txt").write_text("".join(f"{f}\n" for f in files))
 (dst / "data.yaml").write_text(f"path: {dst}\ntrain: train.txt\nval: val.txt\nnames: {json.dumps(COCO_NAMES)}\n")
 PY
-timeout -s ABRT 900 yolov9 train --data "$W/data.yaml" --cfg "$TRAIN_CFG" --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
+timeout -s ABRT ${TRAIN_LIMIT:-900} yolov9 train --data "$W/data.yaml" --cfg "$TRAIN_CFG" --img "$IMG" --epochs "$EPOCHS" --batch 128 --cache ram \
   --workers "$WORKERS" --device "$DEVICE" --project /tmp/levers_runs --name x$REPEAT$TAG --exist-ok $TRAIN_ARGS >"$OUT/train.log" 2>&1
 echo "train: exit $?"
 fi
