@@ -576,9 +576,10 @@ def _beside(work: Callable[[], None], here: Callable[[Callable[[], None]], None]
 
     try:
         here(start)
-    finally:
         start()
-        thread.join()
+    finally:
+        if thread.ident is not None:
+            thread.join()
     if errors:
         raise errors[0]
 
