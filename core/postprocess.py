@@ -124,8 +124,12 @@ def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_d
 
     boxes, s, c, img = cand
     dev = boxes.device
-    per_max = _one_per_image(max_det, b, dev)
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
+    if b == 1:  # one image (light load): already grouped and ranked, so the grouping below would change nothing
+        keep = keep[: max_det[0] if isinstance(max_det, (list, tuple)) else max_det]
+        det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
+        return det, torch.zeros_like(keep), torch.arange(len(keep), device=dev), [len(keep)]
+    per_max = _one_per_image(max_det, b, dev)
     owner = img[keep]
     order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
     keep, owner = keep[order], owner[order]

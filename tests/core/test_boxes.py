@@ -33,6 +33,22 @@ def test_batched_nms_equals_per_image_nms():
         torch.testing.assert_close(d, w)
 
 
+@pytest.mark.parametrize("max_det", [300, 3, [2], 0])
+def test_one_image_gives_what_the_batch_path_gives_it(max_det):
+    """A batch of one takes a shorter way (light load); it must return what the same image gets in a batch."""
+    g = torch.Generator().manual_seed(1)
+    xy = torch.rand(1, 2, 500, generator=g) * 300
+    pred = torch.cat((xy, torch.rand(1, 2, 500, generator=g) * 60 + 4, torch.rand(1, 4, 500, generator=g)), 1)
+    per = max_det if isinstance(max_det, list) else [max_det]
+    alone = nms_flat(pred, 0.6, 0.5, max_det)
+    batched = nms_flat(torch.cat((pred, torch.zeros_like(pred))), 0.6, 0.5, per + [5])  # the 2nd has no candidates
+    uncapped = len(_reference(pred, [0.6], 0.5, [10**6])[0])
+    assert uncapped > 3 and alone[3] == [min(per[0], uncapped)] == batched[3][:1] and batched[3][1] == 0
+    for got, want in zip(alone[:3], batched[:3]):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
 def test_scale_boxes_back_per_box_equals_per_image():
     boxes = torch.tensor([[10.0, 20, 300, 400], [-5, 0, 700, 630], [50, 60, 70, 80]])
     metas = [(0.5, (0.0, 80.0), (480, 640)), (1.0, (12.0, 0.0), (600, 500)), (0.5, (0.0, 80.0), (480, 640))]
