@@ -58,7 +58,7 @@ def prewarm(
     on autograd's device thread, shared by all). Returns the seconds of each part (the copy and its batch, the
     forward and backward, the optimizer and its step, the release of the copy's memory; each waits for the GPU)
     and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
-    the first step then warms up as it would have. `then` is called once, when the copy is made (or has failed):
+    the first step then warms up as it would have. `then` is called once the copy is made (not if that failed):
     the trainer starts its data thread there, because the copy is interpreter work that the thread's imports would
     share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU."""
     device = next(model.parameters()).device
@@ -73,21 +73,14 @@ def prewarm(
         parts[name] = round(now - t, 3)
         t = now
 
-    error, started = None, False
-
-    def start() -> None:
-        nonlocal started
-        if not started:
-            started = True
-            then()
-
+    error = None
     try:
         twin = copy.deepcopy(model).train()
         loss_fn = DetectionLoss.for_model(twin, gains)
         imgs, targets = synthetic_batch(batch, img, loss_fn.nc, device=device)
         scaler = make_scaler(device, opts.amp_dtype)
         lap("copy")
-        start()
+        then()
         forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
         lap("forward_backward")
         # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
@@ -98,7 +91,6 @@ def prewarm(
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
-        start()
         twin = optimizer = None
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's

@@ -79,11 +79,15 @@ def test_the_data_thread_starts_even_when_the_warm_ups_copy_fails(monkeypatch):
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(warm, "synthetic_batch", fail)
-    started = []
-    parts, error = prewarm(
-        DetectionModel(load_cfg("gelan-t"), nc=3), 2, 64, StepOptions(), then=lambda: started.append(1)
-    )
-    assert error == "RuntimeError: CUDA out of memory" and started == [1] and "copy" not in parts
+    started, result = [], {}
+
+    def here(start) -> None:  # as the trainer warms up beside its data thread
+        result["parts"], result["error"] = prewarm(
+            DetectionModel(load_cfg("gelan-t"), nc=3), 2, 64, StepOptions(), then=start
+        )
+
+    _beside(lambda: started.append(1), here)
+    assert result["error"] == "RuntimeError: CUDA out of memory" and started == [1] and "copy" not in result["parts"]
 
 
 def test_beside_starts_the_thread_when_the_caller_did_not():
