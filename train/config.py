@@ -136,11 +136,13 @@ class TrainConfig:
         "train even when a split has no boxes at all (background-only data); otherwise that is an error",
     )
     channels_last: bool = option(True, "channels-last memory format on the GPU")
-    cudnn_benchmark: bool = option(
-        True,
-        "let cuDNN time its convolution algorithms for the fixed input size (faster steps; the chosen algorithms, "
-        "and so the last bits of the results, may differ between runs). The timing adds seconds to the start (about "
-        "8 s at batch 128 on an H100), so a run of a few thousand images can finish sooner with --no-cudnn-benchmark",
+    cudnn_benchmark: bool | None = option(
+        None,
+        "let cuDNN time its convolution algorithms for the fixed input size: steps 7-9%% faster (yolov9-s, batch "
+        "32-128) for 5-7 s more before the first step; the chosen algorithms, and so the last bits of the results, "
+        "may differ between runs. By default on for a run of at least 40,000 training images (epochs x images), "
+        "where the faster steps earn the timing back, and off for a shorter one; --cudnn-benchmark or "
+        "--no-cudnn-benchmark decides. Numbers: docs/benchmarks.md",
     )
     prewarm: bool = option(
         True,
@@ -282,7 +284,7 @@ class BenchTrainConfig:
     cache: Literal["ram", "disk", "none"] = option("ram", "image cache")
     device: str = option("auto", "auto, cpu or cuda:N")
     channels_last: bool = option(True, "channels-last memory format on the GPU (as the trainer)")
-    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms (as the trainer)")
+    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms (as the trainer does in long runs)")
     profile: str | None = option(
         None,
         "after timing, profile 3 steps: add operator calls, kernel launches and GPU time per kind of kernel to the "

@@ -34,6 +34,16 @@ def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
     return AMP_DTYPES[mode]
 
 
+# The run length (training images: epochs x images) from which cuDNN's algorithm timing earns back its seconds at
+# the start with its faster steps (docs/benchmarks.md)
+AUTO_CUDNN_BENCHMARK_IMAGES = 40_000
+
+
+def cudnn_benchmark(choice: bool | None, images: int) -> bool:
+    """--cudnn-benchmark as chosen, or by default (None) on for a run of at least AUTO_CUDNN_BENCHMARK_IMAGES."""
+    return choice if choice is not None else images >= AUTO_CUDNN_BENCHMARK_IMAGES
+
+
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float):
     """Three groups as officially: biases (no decay), weights (decay), norm weights (no decay)."""
     biases, weights, norms = [], [], []

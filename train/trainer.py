@@ -61,7 +61,14 @@ from yolov9.train.loss import DetectionLoss
 from yolov9.train.prewarm import prewarm
 from yolov9.train.run_log import RunLog
 from yolov9.train.state import CheckpointWriter, TrainState, epoch_checkpoints, resume_config
-from yolov9.train.step import StepOptions, amp_dtype, build_optimizer, forward_backward, make_scaler
+from yolov9.train.step import (
+    StepOptions,
+    amp_dtype,
+    build_optimizer,
+    cudnn_benchmark,
+    forward_backward,
+    make_scaler,
+)
 from yolov9.train.validate import evaluate, format_table
 
 
@@ -125,8 +132,12 @@ class Trainer:
             if self.device.type != "cuda":
                 raise BadInput("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-        if self.device.type == "cuda":  # input size is fixed: let cuDNN time its algorithms once per shape
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+        # the input size is fixed, so cuDNN can time its algorithms once per shape: in a run long enough to pay
+        self.cudnn_timing = self.device.type == "cuda" and cudnn_benchmark(
+            cfg.cudnn_benchmark, cfg.epochs * len(train_index.images)
+        )
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = self.cudnn_timing
         self.dir: Path | None = None
         self.startup["model"] = _seconds_since_process_start()
         self.prewarm_parts: dict[str, float] | None = None
@@ -382,6 +393,7 @@ class Trainer:
                         row["prewarm_parts_s"] = self.prewarm_parts
                     if self.step.opts.compile != "off":
                         row.update(cache_counts())
+                    row["cudnn_benchmark"] = self.cudnn_timing
                     first_epoch = False
                 self._background_compile(row)
                 self._note_compiled(row)
@@ -479,12 +491,18 @@ class Trainer:
         compiled = f", compiled ({' and '.join(parts)}{background}){cached}" if parts else ""
         if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) != "off":
             compiled = ", not compiled (a short run would not earn back the compile; --compile layers compiles)"
+        timing = ""
+        if self.device.type == "cuda":
+            why = (
+                " (a short run would not earn it back; --cudnn-benchmark times)" if cfg.cudnn_benchmark is None else ""
+            )
+            timing = ", cuDNN timing on" if self.cudnn_timing else f", cuDNN timing off{why}"
         lines = [
             f"run      {self.dir}",
             f"device   {_device_line(self.device)}" + (f" x {self.dist.world} ranks" if self.dist.active else ""),
             f"model    {cfg.cfg}, {params / 1e6:.2f}M parameters, {len(self.names)} classes, {source}",
             f"input    {cfg.img} px, batch {st.batch} x {acc} accumulated (nominal {cfg.nbs}), AMP {amp}, "
-            f"CUDA graphs {graphs}{compiled}",
+            f"CUDA graphs {graphs}{compiled}{timing}",
             f"optim    {cfg.optimizer} lr0 {cfg.hyp.lr0:g} lrf {cfg.hyp.lrf:g} momentum {cfg.hyp.momentum:g} "
             f"weight decay {g['weight_decay']:g} (scaled to the batch), {'cosine' if cfg.cos_lr else 'linear'} "
             f"schedule, warm-up {cfg.hyp.warmup_epochs:g} epochs",

@@ -11,8 +11,10 @@ from torch import nn
 
 from yolov9.train.ema import ModelEMA
 from yolov9.train.step import (
+    AUTO_CUDNN_BENCHMARK_IMAGES,
     StepOptions,
     build_optimizer,
+    cudnn_benchmark,
     forward_backward,
     load_optimizer_state,
     make_scaler,
@@ -385,3 +387,17 @@ def _compare_micro_batches(opts: StepOptions, wait_after: int | None = None):
             if p.grad is not None:
                 p.grad.zero_()
     return step
+
+
+def test_cudnn_times_its_algorithms_by_default_only_in_a_run_long_enough_to_earn_it_back():
+    from yolov9.cli import build_parser
+    from yolov9.train.cli import _config
+
+    def chosen(*flags: str) -> bool | None:
+        return _config(build_parser().parse_args(["train", *flags])).cudnn_benchmark
+
+    assert chosen() is None
+    assert cudnn_benchmark(chosen(), AUTO_CUDNN_BENCHMARK_IMAGES) is True
+    assert cudnn_benchmark(chosen(), AUTO_CUDNN_BENCHMARK_IMAGES - 1) is False
+    assert cudnn_benchmark(chosen("--cudnn-benchmark"), 1) is True
+    assert cudnn_benchmark(chosen("--no-cudnn-benchmark"), 10**9) is False

@@ -67,6 +67,7 @@ def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     assert all(a <= b for (_, a), (_, b) in zip(timeline, timeline[1:])), timeline
     assert timeline[-1][1] == round(rows[0]["start_to_first_step_s"], 2)
     assert all("start_to_first_step_s" not in r and r["first_step_s"] > 0 for r in rows[1:])
+    assert rows[0]["cudnn_benchmark"] is False and all("cudnn_benchmark" not in r for r in rows[1:])  # no GPU
     # the first step's own time in parts that add up to it: forward and backward, the optimizer, the GPU's tail
     for r in rows:
         parts = r["first_step_parts_s"]
