@@ -7,9 +7,11 @@ gradients and random streams untouched."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -45,6 +47,59 @@ def synthetic_batch(
     return imgs, pad_to(torch.cat((cls, xy, wh), 2), target_capacity(BOXES))
 
 
+def _expandable() -> bool:
+    """Whether CUDA memory is allocated in expandable segments (the trainer's default, train/cli.py)."""
+    return "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+
+
+def _allocator(settings: str) -> None:
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9; before, torch.cuda's
+    (setter or torch.cuda.memory._set_allocator_settings)(settings)
+
+
+@contextlib.contextmanager
+def fixed_segments(device: torch.device) -> Iterator[None]:
+    """Allocates in fixed segments inside, and releases what they cache at the end, when the run allocates in
+    expandable ones: cuDNN's timing allocates and frees a workspace for every algorithm it tries, and in expandable
+    segments each is mapped afresh, which slows the warm-up (docs/benchmarks.md). The run's own steps allocate in
+    expandable segments as configured."""
+    toggle = device.type == "cuda" and _expandable()
+    if toggle:
+        _allocator("expandable_segments:False")
+    try:
+        yield
+    finally:
+        if toggle:
+            torch.cuda.empty_cache()
+            _allocator("expandable_segments:True")
+
+
+def _step_on_a_copy(
+    model: nn.Module,
+    batch: int,
+    img: int,
+    opts: StepOptions,
+    gains: LossGains | None,
+    then: Callable[[], None],
+    lap: Callable[[str], None],
+) -> None:
+    """The warm-up's step; its tensors are this function's, so they are freed when it returns or raises."""
+    device = next(model.parameters()).device
+    twin = copy.deepcopy(model).train()
+    loss_fn = DetectionLoss.for_model(twin, gains)
+    imgs, targets = synthetic_batch(batch, img, loss_fn.nc, device=device)
+    scaler = make_scaler(device, opts.amp_dtype)
+    lap("copy")
+    then()
+    forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
+    lap("forward_backward")
+    # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
+    # trainer's data thread imports meanwhile (with torchvision) while cuDNN times the convolutions
+    optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
+    optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
+    lap("optimizer")
+
+
 def prewarm(
     model: nn.Module,
     batch: int,
@@ -60,7 +115,8 @@ def prewarm(
     and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
     the first step then warms up as it would have. `then` is called once the copy is made (not if that failed):
     the trainer starts its data thread there, because the copy is interpreter work that the thread's imports would
-    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU."""
+    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU. The copy
+    allocates in fixed segments (`fixed_segments`)."""
     device = next(model.parameters()).device
     parts: dict[str, float] = {}
     t = time.perf_counter()
@@ -75,24 +131,11 @@ def prewarm(
 
     error = None
     try:
-        twin = copy.deepcopy(model).train()
-        loss_fn = DetectionLoss.for_model(twin, gains)
-        imgs, targets = synthetic_batch(batch, img, loss_fn.nc, device=device)
-        scaler = make_scaler(device, opts.amp_dtype)
-        lap("copy")
-        then()
-        forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
-        lap("forward_backward")
-        # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
-        # trainer's data thread imports meanwhile (with torchvision) while cuDNN times the convolutions
-        optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
-        optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
-        lap("optimizer")
+        with fixed_segments(device):
+            _step_on_a_copy(model, batch, img, opts, gains, then, lap)
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    finally:
-        twin = optimizer = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's
-        lap("release")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the copy's cached activations would sit beside the real step's
+    lap("release")
     return parts, error
