@@ -500,15 +500,27 @@ def test_auto_compiles_the_layers_of_a_run_this_machine_compiled_before(subset, 
 def test_a_stalled_step_prints_every_threads_stack_and_a_finished_epoch_stops_watching(
     subset, tmp_path, monkeypatch, capfd
 ):
-    """A batch and step longer than stall.STALL_S (here 10 ms: any CPU step) print where each thread is; after the
-    epoch the report is disarmed, so nothing more is printed once the run has ended."""
+    """A step that stalls past stall.STALL_S prints where each thread is; after the epoch the report is disarmed, so
+    nothing more is printed once the run has ended. The step stalls asleep: faulthandler walks the threads' stacks
+    without the interpreter lock, which is safe for a thread that waits (as a stalled run's do) and can crash on one
+    that is running Python, as every step would be under a limit shorter than a step."""
     import time
 
+    import yolov9.train.engine as engine
     import yolov9.train.stall as stall
 
-    monkeypatch.setattr(stall, "STALL_S", 0.01)
+    limit, calls, micro = 2.0, [], engine.TrainStep.micro
+
+    def stalls_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            time.sleep(1.5 * limit)
+        return micro(self, *args, **kwargs)
+
+    monkeypatch.setattr(stall, "STALL_S", limit)
+    monkeypatch.setattr(engine.TrainStep, "micro", stalls_once)
     Trainer(_cfg(subset, tmp_path, epochs=1, batch=4, nbs=4, name="stall")).fit()
     err = capfd.readouterr().err
-    assert "Timeout (0:00:00.01" in err and "in train_one_epoch" in err, err[-2000:]
-    time.sleep(0.1)
+    assert "Timeout (0:00:02)!" in err and "in stalls_once" in err and "in train_one_epoch" in err, err[-2000:]
+    time.sleep(1.2 * limit)
     assert "Timeout" not in capfd.readouterr().err
