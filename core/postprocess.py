@@ -99,9 +99,14 @@ def nms_flat(
     return _suppress((boxes, s, c, img), b, nc, iou, max_det)
 
 
+def _per_image(value: float | list[float], b: int) -> list[float]:
+    """A list of per-image values as given, or one value for every image."""
+    return list(value) if isinstance(value, (list, tuple)) else [value] * b
+
+
 def _one_per_image(value: float | list[float], b: int, dev: torch.device) -> torch.Tensor:
-    """(b,): a list of per-image values as given, or one value for every image."""
-    return torch.as_tensor(value if isinstance(value, (list, tuple)) else [value] * b, device=dev)
+    """(b,): `_per_image` on the device."""
+    return torch.as_tensor(_per_image(value, b), device=dev)
 
 
 def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None:
@@ -126,7 +131,7 @@ def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_d
     dev = boxes.device
     keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
     if b == 1:  # one image (light load): already grouped and ranked, so the grouping below would change nothing
-        keep = keep[: max_det[0] if isinstance(max_det, (list, tuple)) else max_det]
+        keep = keep[: _per_image(max_det, 1)[0]]
         det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
         return det, torch.zeros_like(keep), torch.arange(len(keep), device=dev), [len(keep)]
     per_max = _one_per_image(max_det, b, dev)
