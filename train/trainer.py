@@ -132,10 +132,11 @@ class Trainer:
             if self.device.type != "cuda":
                 raise BadInput("--sync-bn needs CUDA GPUs (SyncBatchNorm has no CPU kernels)")
             self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        # the run's length in training images, which the defaults of cuDNN's timing and --compile weigh their
+        # start-up costs against (from the index: the choice is made before the images are checked)
+        self.run_images = cfg.epochs * len(train_index.images)
         # the input size is fixed, so cuDNN can time its algorithms once per shape: in a run long enough to pay
-        self.cudnn_timing = self.device.type == "cuda" and cudnn_benchmark(
-            cfg.cudnn_benchmark, cfg.epochs * len(train_index.images)
-        )
+        self.cudnn_timing = self.device.type == "cuda" and cudnn_benchmark(cfg.cudnn_benchmark, self.run_images)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = self.cudnn_timing
         self.dir: Path | None = None
@@ -303,8 +304,7 @@ class Trainer:
             loss=cfg.compile_loss, graphs=cfg.cuda_graph,
         )  # fmt: skip
         self.compiled_before = compiled_before(self.compile_sig)
-        images = cfg.epochs * len(self.train_ds)
-        mode = resolve_mode(cfg.compile, self.device, self.dist.active, images, self.compiled_before)
+        mode = resolve_mode(cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before)
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
             cfg.compile_background,
