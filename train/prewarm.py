@@ -7,11 +7,9 @@ gradients and random streams untouched."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -45,33 +43,6 @@ def synthetic_batch(
     xy = 0.2 + 0.6 * torch.rand(batch, BOXES, 2, generator=g)
     wh = 0.05 + 0.3 * torch.rand(batch, BOXES, 2, generator=g)
     return imgs, pad_to(torch.cat((cls, xy, wh), 2), target_capacity(BOXES))
-
-
-def _expandable() -> bool:
-    """Whether CUDA memory is allocated in expandable segments (the trainer's default, train/cli.py)."""
-    return "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
-
-
-def _allocator(settings: str) -> None:
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9; before, torch.cuda's
-    (setter or torch.cuda.memory._set_allocator_settings)(settings)
-
-
-@contextlib.contextmanager
-def fixed_segments(device: torch.device) -> Iterator[None]:
-    """Allocates in fixed segments inside, and releases what they cache at the end, when the run allocates in
-    expandable ones: cuDNN's timing allocates and frees a workspace for every algorithm it tries, and in expandable
-    segments each is mapped afresh, which slows the warm-up (docs/benchmarks.md). The run's own steps allocate in
-    expandable segments as configured."""
-    toggle = device.type == "cuda" and _expandable()
-    if toggle:
-        _allocator("expandable_segments:False")
-    try:
-        yield
-    finally:
-        if toggle:
-            torch.cuda.empty_cache()
-            _allocator("expandable_segments:True")
 
 
 def _step_on_a_copy(
@@ -115,8 +86,7 @@ def prewarm(
     and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
     the first step then warms up as it would have. `then` is called once the copy is made (not if that failed):
     the trainer starts its data thread there, because the copy is interpreter work that the thread's imports would
-    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU. The copy
-    allocates in fixed segments (`fixed_segments`)."""
+    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU."""
     device = next(model.parameters()).device
     parts: dict[str, float] = {}
     t = time.perf_counter()
@@ -131,8 +101,7 @@ def prewarm(
 
     error = None
     try:
-        with fixed_segments(device):
-            _step_on_a_copy(model, batch, img, opts, gains, then, lap)
+        _step_on_a_copy(model, batch, img, opts, gains, then, lap)
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if device.type == "cuda":

@@ -107,55 +107,11 @@ def test_a_failed_prewarm_says_why_and_the_model_is_untouched():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize(
-    "conf, toggles",
-    [("expandable_segments:True", True), ("max_split_size_mb:64, expandable_segments: True", True), ("", False)],
-)
-def test_the_warm_up_allocates_in_fixed_segments_when_the_run_uses_expandable_ones(monkeypatch, conf, toggles):
-    """cuDNN's timing maps a workspace afresh for every algorithm it tries in expandable segments: the warm-up
-    allocates in fixed ones, and the run's allocations go back to expandable segments, also after a failure."""
-    import yolov9.train.prewarm as warm
-
-    calls = []
-    monkeypatch.setattr(warm, "_allocator", calls.append)
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)
-    with pytest.raises(RuntimeError, match="out of memory"), warm.fixed_segments(torch.device("cuda", 0)):
-        calls.append("warm-up")
-        raise RuntimeError("CUDA out of memory")
-    fixed = ["expandable_segments:False", "warm-up", "expandable_segments:True"]
-    assert calls == (fixed if toggles else ["warm-up"])
-    calls.clear()
-    with warm.fixed_segments(torch.device("cpu")):  # nothing to toggle on the CPU
-        calls.append("warm-up")
-    assert calls == ["warm-up"]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (what is warmed is cuDNN's timing)")
 def test_prewarm_on_the_gpu_releases_the_copys_memory():
     torch.backends.cudnn.benchmark = True
     left = _warm_and_check(torch.device("cuda", 0), 16, 320, StepOptions(amp_dtype=torch.float16))
     assert left <= 64 * 2**20  # the libraries' workspaces at most, not the copy's activations
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the allocator's segments)")
-def test_the_warm_up_leaves_the_run_allocating_in_expandable_segments(monkeypatch):
-    import yolov9.train.prewarm as warm
-
-    device = torch.device("cuda", 0)
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    warm._allocator("expandable_segments:True")
-    try:
-        torch.cuda.empty_cache()
-        assert _warm_and_check(device, 16, 320, StepOptions(amp_dtype=torch.float16)) <= 64 * 2**20
-        x = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-        held = [
-            s for s in torch.cuda.memory_snapshot() if s["address"] <= x.data_ptr() < s["address"] + s["total_size"]
-        ]
-        assert len(held) == 1 and held[0]["is_expandable"]
-        del x
-    finally:
-        torch.cuda.empty_cache()
-        warm._allocator("expandable_segments:False")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the trainer warms a GPU only)")
