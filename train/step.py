@@ -6,6 +6,8 @@ gradients are not finite on the device (`found_inf`), so the host can queue the 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +44,20 @@ AUTO_CUDNN_BENCHMARK_IMAGES = 40_000
 def cudnn_benchmark(choice: bool | None, images: int) -> bool:
     """--cudnn-benchmark as chosen, or by default (None) on for a run of at least AUTO_CUDNN_BENCHMARK_IMAGES."""
     return choice if choice is not None else images >= AUTO_CUDNN_BENCHMARK_IMAGES
+
+
+@contextlib.contextmanager
+def heuristic_convolutions() -> Iterator[None]:
+    """cuDNN picks convolution algorithms by its heuristics inside, without timing them: for validation during a
+    run that times the training step's. Validation's shapes (twice the batch, the last short batch) would each be
+    timed afresh, which made the first validation several times longer and its memory peak higher, while later
+    validations ran no faster (docs/benchmarks.md)."""
+    timing = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = timing
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float):

@@ -67,6 +67,7 @@ from yolov9.train.step import (
     build_optimizer,
     cudnn_benchmark,
     forward_backward,
+    heuristic_convolutions,
     make_scaler,
 )
 from yolov9.train.validate import evaluate, format_table
@@ -451,7 +452,8 @@ class Trainer:
         fitness = -1.0
         if val_loader is not None:
             t0 = time.perf_counter()
-            res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final)
+            with heuristic_convolutions():
+                res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final)
             keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl", "detections", "score_s")
             row.update({k: res[k] for k in keys if k in res}, val_s=time.perf_counter() - t0)
             fitness = 0.1 * res["map50"] + 0.9 * res["map"]

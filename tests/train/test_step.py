@@ -16,6 +16,7 @@ from yolov9.train.step import (
     build_optimizer,
     cudnn_benchmark,
     forward_backward,
+    heuristic_convolutions,
     load_optimizer_state,
     make_scaler,
     optimizer_step,
@@ -401,3 +402,15 @@ def test_cudnn_times_its_algorithms_by_default_only_in_a_run_long_enough_to_earn
     assert cudnn_benchmark(chosen(), AUTO_CUDNN_BENCHMARK_IMAGES - 1) is False
     assert cudnn_benchmark(chosen("--cudnn-benchmark"), 1) is True
     assert cudnn_benchmark(chosen("--no-cudnn-benchmark"), 10**9) is False
+
+
+def test_heuristic_convolutions_turn_cudnns_timing_off_inside_and_back_after_a_failure():
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        with pytest.raises(RuntimeError, match="val failed"), heuristic_convolutions():
+            assert torch.backends.cudnn.benchmark is False
+            raise RuntimeError("val failed")
+        assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = before

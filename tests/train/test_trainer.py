@@ -33,6 +33,24 @@ def _rows(run_dir) -> list[dict]:
     return [json.loads(x) for x in (Path(run_dir) / "results.jsonl").read_text().splitlines()]
 
 
+def test_validation_lets_cudnn_pick_by_heuristics_in_a_run_that_times_it(subset, tmp_path, monkeypatch):
+    """A run that times its step's convolutions (set by hand here: the CPU run leaves the flag alone) validates
+    without timing validation's other shapes, and times again after."""
+    import yolov9.train.trainer as trainer_module
+
+    during = []
+
+    def evaluate(*args, **kw):
+        during.append(torch.backends.cudnn.benchmark)
+        return real(*args, **kw)
+
+    real = trainer_module.evaluate
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    Trainer(_cfg(subset, tmp_path, epochs=2, batch=4, nbs=4, name="heur", val=True, val_interval=1)).fit()
+    assert during == [False, False] and torch.backends.cudnn.benchmark is True
+
+
 def test_loss_falls_and_outputs_are_written(subset, tmp_path):
     summary = Trainer(_cfg(subset, tmp_path, epochs=12, batch=4, nbs=4, name="fall", val=True, val_interval=12)).fit()
     rows = _rows(summary["run_dir"])
