@@ -139,7 +139,7 @@ class TrainConfig:
     cudnn_benchmark: bool | None = option(
         None,
         "let cuDNN time its convolution algorithms for the fixed input size: steps 5-9%% faster (yolov9-s, batch "
-        "32-128) for 5-7 s more before the first step; the chosen algorithms, and so the last bits of the results, "
+        "32-128) for 5-9 s more before the first step; the chosen algorithms, and so the last bits of the results, "
         "may differ between runs. By default on for a run of at least 40,000 training images (epochs x images), "
         "where the faster steps earn the timing back, and off for a shorter one; --cudnn-benchmark or "
         "--no-cudnn-benchmark decides. Validation never times (its shapes would be timed afresh for no gain). "
