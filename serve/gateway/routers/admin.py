@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import signal
+import subprocess
 import sys
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -40,12 +41,16 @@ async def _run(args: list[str], settings: Settings) -> dict:
     cmd = [sys.executable, "-m", "yolov9", "serve", *args, "--repo", settings.repo, "--name", settings.model,
            "--triton", ",".join(settings.endpoints)]  # fmt: skip
     async with _lock:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        out, err = await proc.communicate()
-    return outcome(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
-                   read_state(settings.repo, settings.model))  # fmt: skip
+        returncode, out, err = await run_child(cmd)
+    return outcome(returncode, out, err, read_state(settings.repo, settings.model))
+
+
+async def run_child(cmd: list[str]) -> tuple[int, str, str]:
+    """Run cmd to its end off the event loop: (returncode, stdout, stderr). Not the loop's own spawn: uvloop's
+    fork() runs gRPC's fork handlers in the child while this process's channels are busy, and now and then the
+    child dies of SIGSEGV (or hangs) before it execs. subprocess starts it with vfork, which runs no fork handlers."""
+    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True)
+    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
 
 
 def _signal_name(n: int) -> str:
@@ -58,7 +63,7 @@ def _signal_name(n: int) -> str:
 def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
     """The roll-out's result from its process. The result line is printed last, after every server loaded and
     unloaded and the repository's state was written; a process that printed it and then died of a signal (a native
-    library's threads at interpreter exit) finished its roll-out when the state agrees, and that is logged."""
+    library's teardown) finished its roll-out when the state agrees, and that is logged."""
     lines = out.strip().splitlines()
     try:
         result = json.loads(lines[-1]) if lines else None
@@ -70,6 +75,8 @@ def outcome(returncode: int, out: str, err: str, state: dict) -> dict:
     if returncode < 0 and isinstance(result, dict) and result.get("version") == state["serving"]:
         log.warning("the roll-out %s after it finished (version %s serving): %s", died, state["serving"], result)
         return result
+    if returncode < 0:
+        log.error("the roll-out %s; its stderr: %s", died, err[-2000:] or "(empty)")
     errs = [x for x in err.splitlines() if x.strip()]
     detail = errs[-1].split("error: ", 1)[-1] if errs and returncode > 0 else (
         f"the roll-out process {died}; the repository serves version {state['serving']}")  # fmt: skip
