@@ -293,7 +293,7 @@ def test_deploy_and_rollback_under_load_fail_no_request(deployed, trained_tiny, 
     assert _detect(url, data).json()["version"] == 3
 
 
-def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tmp_path):
+def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tmp_path, caplog):
     from yolov9.serve.gateway.errors import GatewayError
     from yolov9.serve.gateway.routers.admin import outcome
 
@@ -309,6 +309,10 @@ def test_a_roll_out_process_that_dies_is_reported_by_what_the_repository_says(tm
         with pytest.raises(GatewayError) as e:
             outcome(code, out, err, state)
         assert e.value.status == 422 and want in e.value.detail, e.value.detail
+    # what a process that died of a signal printed (faulthandler's stack) goes to the gateway's log
+    with pytest.raises(GatewayError), caplog.at_level("ERROR", logger="uvicorn.error"):
+        outcome(-signal.SIGSEGV, "", "Fatal Python error: Segmentation fault\n  File x.py, line 3\n", {"serving": 1})
+    assert "died of SIGSEGV" in caplog.text and "x.py, line 3" in caplog.text, caplog.text
     r = _cli("serve", "rollback", "--repo", str(tmp_path / "nowhere"), "--triton", "127.0.0.1:1")
     assert r.returncode == 2 and r.stderr.strip().endswith("nowhere: no such model repository"), r.stderr
 
