@@ -85,7 +85,7 @@ def scale_boxes_back(boxes: torch.Tensor, ratio, pad, orig_hw) -> torch.Tensor:
     """Map xyxy boxes from letterboxed pixels to original-image pixels, clipped to the image. ratio, pad (left,
     top) and orig_hw (h, w) are one image's values, or per-box tensors (N,), (N, 2), (N, 2) for a whole batch."""
     t = dict(dtype=boxes.dtype, device=boxes.device)
-    pad, hw, r = torch.as_tensor(pad, **t), torch.as_tensor(orig_hw, **t), torch.as_tensor(ratio, **t)
-    wh = hw.flip(-1)
-    out = ((boxes[..., :4] - torch.cat((pad, pad), -1)) / (r[..., None] if r.ndim else r)).clamp(min=0)
-    return torch.minimum(out, torch.cat((wh, wh), -1))
+    pad, hw, r = (torch.as_tensor(v, **t) for v in (pad, orig_hw, ratio))
+    corners = boxes[..., :4].unflatten(-1, (2, 2))  # (..., corner, xy): both corners broadcast against one pad
+    out = ((corners - pad[..., None, :]) / r[..., None, None]).clamp(min=0)
+    return torch.minimum(out, hw.flip(-1)[..., None, :]).flatten(-2)

@@ -43,13 +43,6 @@ def _top_per_image(img, anchor, s, c, b: int, k: int):
     return img[keep], anchor[keep], s[keep], c[keep]
 
 
-def _to_host(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Candidates on the CPU in one device-to-host copy: boxes and scores in float32, classes and images as long
-    (exact in float32 below 2**24)."""
-    rows = torch.cat((boxes.float(), s.float()[:, None], c.float()[:, None], img.float()[:, None]), 1).cpu()
-    return rows[:, :4], rows[:, 4], rows[:, 5].long(), rows[:, 6].long()
-
-
 def main_head(pred: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """The decoded output of a model in eval mode; a dual-head (YOLOv9) model gives [auxiliary, main]."""
     return pred[-1] if isinstance(pred, (list, tuple)) else pred
@@ -93,10 +86,16 @@ def nms_flat(
         if s.numel() > max_nms * b:
             top = s.topk(max_nms * b).indices
             img, anchor, s, c = img[top], anchor[top], s[top], c[top]
-    boxes = xywh2xyxy(pred[img, :4, anchor])
-    if dev.type != "cpu" and len(s) <= HOST_NMS_MAX:
-        boxes, s, c, img = _to_host(boxes, s, c, img)
-    return _suppress((boxes, s, c, img), b, nc, iou, max_det)
+    rows = _rows(xywh2xyxy(pred[img, :4, anchor]), s, c, img)
+    if dev.type != "cpu" and len(rows) <= HOST_NMS_MAX:
+        rows = rows.cpu()  # one device-to-host copy
+    return _suppress(rows, b, nc, iou, max_det)
+
+
+def _rows(boxes: torch.Tensor, s: torch.Tensor, c: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
+    """Candidates as one (N, 7) float32 tensor: x1, y1, x2, y2, score, class, image (the layout
+    threshold_candidates writes; class and image are exact in float32 below 2**24)."""
+    return torch.cat((boxes.float(), s.float()[:, None], c.float()[:, None], img.float()[:, None]), 1)
 
 
 def _per_image(value: float | list[float], b: int) -> list[float]:
@@ -122,28 +121,26 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
     return allow
 
 
-def _suppress(cand: tuple[torch.Tensor, ...], b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
-    """NMS per (image, class) over the candidates (xyxy boxes, scores, classes, images) of b images, then at most
-    max_det per image, grouped by image in score order."""
+def _suppress(rows: torch.Tensor, b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
+    """NMS per (image, class) over candidate rows (N, 7: x1, y1, x2, y2, score, class, image) of b images, then at
+    most max_det per image, grouped by image in score order. Few tensor operations: at a light load this runs once
+    per request on the host, where each operation costs microseconds whatever its size."""
     import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
 
-    boxes, s, c, img = cand
-    dev = boxes.device
-    keep = torchvision.ops.batched_nms(boxes.float(), s.float(), img * nc + c, iou)  # sorted by score
+    key = (rows[:, 6] * nc + rows[:, 5]).long()  # one NMS group per (image, class)
+    keep = torchvision.ops.batched_nms(rows[:, :4], rows[:, 4], key, iou)  # sorted by score
+    dev = rows.device
     if b == 1:  # one image (light load): already grouped and ranked, so the grouping below would change nothing
         keep = keep[: _per_image(max_det, 1)[0]]
-        det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
-        return det, torch.zeros_like(keep), torch.arange(len(keep), device=dev), [len(keep)]
+        return rows[keep, :6], torch.zeros_like(keep), torch.arange(len(keep), device=dev), [len(keep)]
     per_max = _one_per_image(max_det, b, dev)
-    owner = img[keep]
+    owner = rows[keep, 6].long()
     order = torch.sort(owner, stable=True).indices  # group by image, score order kept within each
     keep, owner = keep[order], owner[order]
     counts = torch.bincount(owner, minlength=b)
     rank = torch.arange(len(owner), device=dev) - (counts.cumsum(0) - counts)[owner]
     sel = (rank < per_max[owner]).nonzero().squeeze(1)
-    keep, owner, rank = keep[sel], owner[sel], rank[sel]
-    det = torch.cat((boxes[keep], s[keep, None], c[keep, None].to(boxes.dtype)), 1)
-    return det, owner, rank, torch.minimum(counts, per_max).tolist()
+    return rows[keep[sel], :6], owner[sel], rank[sel], torch.minimum(counts, per_max).tolist()
 
 
 def threshold_candidates(pred: torch.Tensor, conf: torch.Tensor, k: int) -> torch.Tensor:
@@ -160,9 +157,7 @@ def threshold_candidates(pred: torch.Tensor, conf: torch.Tensor, k: int) -> torc
     dest = torch.where(over & (slot <= k), slot - 1, k + flat % _SPILL)
     idx = torch.zeros(k + _SPILL, dtype=torch.long, device=pred.device).scatter_(0, dest, flat)[:k]
     img, anchor = idx // pred.shape[2], idx % pred.shape[2]
-    boxes = xywh2xyxy(pred[img, :4, anchor])
-    picked = (scores.flatten()[idx], cls.flatten()[idx], img)
-    rows = torch.cat((boxes.float(), *(t.float()[:, None] for t in picked)), 1)
+    rows = _rows(xywh2xyxy(pred[img, :4, anchor]), scores.flatten()[idx], cls.flatten()[idx], img)
     return torch.cat((rows, slot[-1:].float()[:, None].expand(1, 7)))
 
 
@@ -178,15 +173,12 @@ def postprocess_candidates(
     """postprocess_flat() (single label) from every candidate over its image's threshold as threshold_candidates
     gives them (N, 7), the image column indexing `metas`; NMS runs on their device, or on `gpu` past HOST_NMS_MAX
     candidates on the CPU."""
-    img = cand[:, 6].long()
     allow = _allowed(classes, len(metas), nc, cand.device)
     if allow is not None:
-        keep = allow[img, cand[:, 5].long()]
-        cand, img = cand[keep], img[keep]
+        cand = cand[allow[cand[:, 6].long(), cand[:, 5].long()]]
     if gpu is not None and cand.device.type == "cpu" and len(cand) > HOST_NMS_MAX:
-        cand, img = cand.to(gpu), img.to(gpu)
-    flat = _suppress((cand[:, :4], cand[:, 4], cand[:, 5].long(), img), len(metas), nc, iou, max_det)
-    return _to_original(flat, metas)
+        cand = cand.to(gpu)
+    return _to_original(_suppress(cand, len(metas), nc, iou, max_det), metas)
 
 
 def postprocess_flat(
@@ -206,8 +198,8 @@ def postprocess_flat(
 
 def _to_original(flat: Flat, metas: list[LetterboxMeta]) -> Flat:
     det, owner, rank, counts = flat
-    # ratio, pad left/top, orig h/w per image on the detections' device, then one row per detection
+    # ratio, pad left/top, orig h/w per image on the detections' device, then (past one image) one row per detection
     per_image = torch.tensor([[m.ratio, *m.pad, *m.orig_hw] for m in metas], device=det.device, dtype=det.dtype)
-    per_det = per_image.reshape(-1, 5)[owner]
-    boxes = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
-    return torch.cat((boxes, det[:, 4:]), 1), owner, rank, counts
+    per_det = per_image if len(metas) == 1 else per_image[owner]
+    det[:, :4] = scale_boxes_back(det[:, :4], per_det[:, 0], per_det[:, 1:3], per_det[:, 3:5])
+    return det, owner, rank, counts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 from yolov9.core.checkpoint import load_model
 from yolov9.core.errors import BadInput, Unavailable
+from yolov9.core.profiling import profile_calls
 from yolov9.export.aoti import AOTIEngine
 from yolov9.export.config import BenchEngineConfig
 from yolov9.export.cuda_graph import CudaGraphEngine
@@ -98,6 +100,10 @@ def bench_engines(args: BenchEngineConfig) -> list[dict]:
                 "build_s": round(build_s, 1),
                 "device": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
             }
+            if args.profile and eng.device.type == "cuda":
+                with open(args.profile, "a") as f:
+                    f.write(f"== {kind}, batch {b}\n")
+                row.update(profile_calls(functools.partial(eng, x), 10, eng.device, args.profile))
             print(json.dumps(row))
             rows.append(row)
         del eng

@@ -26,6 +26,12 @@ class BenchEngineConfig:
     warmup: int = option(10, "untimed iterations per point")
     workdir: str = option(tempfile.gettempdir(), "where built engines are written")
     out: str | None = option(None, "write the rows as JSON here")
+    profile: str | None = option(
+        None,
+        "after timing each point on a GPU, profile 10 calls: add kernel launches and GPU time per kind of kernel "
+        "(cuDNN's convolutions, Inductor's fused kernels, copies) to its row, and append the top kernels to FILE",
+        metavar="FILE",
+    )
 
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg")

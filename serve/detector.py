@@ -186,10 +186,11 @@ class Detector:
                 part = pred[rows] if len(rows) < len(pred) else pred
                 flat = postprocess_flat(part, group[0], [r.conf for r in reqs], *group[1:])
             det, owner, rank, n = flat
-            # the detections with their image and rank in one copy to the host (none when NMS ran there), then
+            if det.device.type != "cpu":  # NMS ran on the GPU: the detections with their image and rank in one copy
+                packed = to_host(torch.cat((det, owner[:, None].float(), rank[:, None].float()), 1), self.gpu_wait)
+                det, owner, rank = packed[:, :6], packed[:, 6].long(), packed[:, 7].long()
             # every detection to (its image's row, its rank within the image) in one scatter
-            flat = to_host(torch.cat((det.float(), owner[:, None].float(), rank[:, None].float()), 1), self.gpu_wait)
-            out[torch.tensor(rows)[flat[:, 6].long()], flat[:, 7].long()] = flat[:, :6]
+            out[owner if len(rows) == len(ok) else torch.tensor(rows)[owner], rank] = det
             for j, c in zip(rows, n):
                 counts[j] = c
         for j, k in enumerate(ok):

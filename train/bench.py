@@ -9,6 +9,7 @@ import time
 import torch
 
 from yolov9.core.model import DetectionModel
+from yolov9.core.profiling import profile_calls
 from yolov9.train import distributed
 from yolov9.train.compiled import cache_counts, loss_compiled, resolve_mode
 from yolov9.train.config import BenchTrainConfig, Hyp
@@ -57,53 +58,6 @@ def training_gflop_per_image(model: torch.nn.Module, img: int, dev: torch.device
 
 def _leaves(out):
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _leaves(o)]
-
-
-KERNEL_KINDS = (  # by substrings of kernel names, first match wins (cuDNN's BatchNorm kernels before its convs)
-    ("batchnorm", ("batch_norm", "batchnorm", "bn_fw", "bn_bw", "welford")),
-    ("conv_gemm", ("conv", "gemm", "xmma", "cutlass", "implicit", "wgrad", "dgrad", "fprop", "cudnn")),
-    ("optimizer", ("fused_sgd", "fused_adam", "multi_tensor", "foreach")),
-    ("reduction", ("reduce", "norm_kernel", "topk", "sort", "scan")),
-    ("layout_copy", ("copy", "transpose", "nchw", "nhwc", "cat_", "catarray", "gather", "scatter", "index")),
-    ("elementwise", ("elementwise", "unrolled", "vectorized", "silu", "sigmoid")),
-)
-
-
-def _kernel_kind(name: str) -> str:
-    low = name.lower()
-    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
-
-
-def _profile_steps(step, n: int, dev: torch.device, out: str) -> dict:
-    """n steps under torch.profiler: operator calls and kernel launches per step (host-bound steps show many
-    of both), the share of GPU time per kind of kernel, and the top operators by host time and the top kernels by
-    GPU time, as tables appended to `out`."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        for _ in range(n):
-            step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    ka = prof.key_averages()
-    kernels = [e for e in ka if e.device_type == DeviceType.CUDA]
-    gpu_us = sum(e.self_device_time_total for e in kernels)
-    shares: dict[str, float] = {}
-    for e in kernels:
-        kind = _kernel_kind(e.key)
-        shares[kind] = shares.get(kind, 0.0) + e.self_device_time_total / max(gpu_us, 1e-9)
-    with open(out, "a") as f:
-        f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
-        if kernels:
-            f.write(ka.table(sort_by="self_device_time_total", row_limit=40) + "\n")
-    return {
-        "aten_ops_per_step": round(sum(e.count for e in ka if e.key.startswith("aten::")) / n),
-        "kernel_launches_per_step": round(sum(e.count for e in ka if "LaunchKernel" in e.key) / n),
-        "gpu_kernel_ms_per_step": round(gpu_us / n / 1e3, 2),
-        "gpu_time_share": {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
-    }
 
 
 def bench_train(args: BenchTrainConfig) -> list[dict]:
@@ -213,6 +167,6 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     if train_step.opts.compile != "off":
         row.update(cache_counts())
     if args.profile:
-        row.update(_profile_steps(step, 3, dev, args.profile))
+        row.update(profile_calls(step, 3, dev, args.profile))
     close_batches(it)  # the next mode starts its own workers
     return row
