@@ -25,9 +25,9 @@ def _kernel_kind(name: str) -> str:
 
 
 def profile_calls(step: Callable[[], object], n: int, dev: torch.device, out: str) -> dict:
-    """n steps under torch.profiler: operator calls and kernel launches per step (host-bound steps show many
-    of both), the share of GPU time per kind of kernel, and the top operators by host time and the top kernels by
-    GPU time, as tables appended to `out`."""
+    """n calls of `step` (a training step, an engine call) under torch.profiler: operator calls and kernel launches
+    per call (host-bound calls show many of both), the share of GPU time per kind of kernel, and the top operators
+    by host time and the top kernels by GPU time, as tables appended to `out`."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
