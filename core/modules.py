@@ -29,6 +29,82 @@ def fold_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fuse_conv_bn_eval(conv.eval(), bn.eval()).requires_grad_(False)
 
 
+class _BatchNormSiLU(torch.autograd.Function):
+    """Training-mode BatchNorm2d then SiLU that keeps only the BatchNorm's input for backward and recomputes the
+    normalised activations there. nn.BatchNorm2d + nn.SiLU keep both, and an in-place SiLU even copies its input
+    to keep it: each Conv stored three activations where two suffice. The BatchNorm itself runs as
+    F.batch_norm runs it (the same cuDNN or native kernels, forward and backward)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        running_mean: torch.Tensor,
+        running_var: torch.Tensor,
+        momentum: float,
+        eps: float,
+    ) -> torch.Tensor:
+        z, mean, rstd, reserve, impl = torch.ops.aten._batch_norm_impl_index(
+            x, weight, bias, running_mean, running_var, True, momentum, eps, torch.backends.cudnn.enabled
+        )
+        ctx.save_for_backward(x, weight, bias, running_mean, running_var, mean, rstd, reserve)
+        ctx.eps, ctx.impl = eps, impl
+        return F.silu(z, inplace=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight, bias, running_mean, running_var, mean, rstd, reserve = ctx.saved_tensors
+        dz = _silu_backward_of_batchnorm(x, grad, weight, bias, mean, rstd, ctx.eps)
+        dx, dw, db = torch.ops.aten._batch_norm_impl_index_backward(
+            ctx.impl,
+            x,
+            dz,
+            weight,
+            running_mean,
+            running_var,
+            mean,
+            rstd,
+            True,
+            ctx.eps,
+            list(ctx.needs_input_grad[:3]),
+            reserve,
+        )
+        return dx, dw, db, None, None, None, None
+
+
+def _silu_backward_of_batchnorm(
+    x: torch.Tensor,
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """SiLU's input gradient at the recomputed BatchNorm output: one fused kernel on a GPU (channels-last), else
+    the batch's statistics given to an eval-mode BatchNorm and SiLU's own backward."""
+    if x.is_cuda and x.is_contiguous(memory_format=torch.channels_last):
+        from yolov9.core.batchnorm_silu_kernel import silu_backward_of_batchnorm
+
+        return silu_backward_of_batchnorm(x, grad, weight, bias, mean, rstd)
+    z = torch.batch_norm(x, weight, bias, mean, rstd.pow(-2).sub_(eps), False, 0.0, eps, True)
+    return torch.ops.aten.silu_backward(grad, z)
+
+
+def _batchnorm_silu(bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    if bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)  # as nn.BatchNorm2d counts; only a state-dict entry with a fixed momentum
+    return _BatchNormSiLU.apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+
+
+def _activation(act: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """act(y), with the blocks' in-place SiLU out of place where autograd records: in place, it copies y to keep
+    it for backward."""
+    return F.silu(y) if y.requires_grad and isinstance(act, nn.SiLU) else act(y)
+
+
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU."""
 
@@ -39,7 +115,21 @@ class Conv(nn.Module):
         self.act = nn.SiLU(inplace=True) if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
+        y = self.conv(x)
+        if self._recompute_bn_silu(y):
+            return _batchnorm_silu(self.bn, y)
+        return _activation(self.act, self.bn(y))
+
+    def _recompute_bn_silu(self, y: torch.Tensor) -> bool:
+        """Eager training with autograd: torch.compile (`--compile`) plans its own recomputation, and a
+        SyncBatchNorm (multi-GPU) keeps its module."""
+        return (
+            self.training
+            and y.requires_grad
+            and type(self.bn) is nn.BatchNorm2d
+            and isinstance(self.act, nn.SiLU)
+            and not in_compiled_trace()
+        )
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -61,7 +151,7 @@ class RepConvN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.conv is not None:
             return self.act(self.conv(x))
-        return self.act(self.conv1(x) + self.conv2(x))
+        return _activation(self.act, self.conv1(x) + self.conv2(x))
 
     @torch.no_grad()
     def fuse(self) -> None:

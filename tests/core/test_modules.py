@@ -3,12 +3,26 @@ GPU training uses are the operators they replace, forward and backward."""
 
 from __future__ import annotations
 
+import copy
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yolov9.core.modules import SP, Upsample, _nearest_by_expand, _shift_avg_pool_2x2, _ShiftAvgPool2x2, max_pool_same
+from tests.conftest import requires_cuda
+from yolov9.core.modules import (
+    SP,
+    Conv,
+    Upsample,
+    _nearest_by_expand,
+    _shift_avg_pool_2x2,
+    _ShiftAvgPool2x2,
+    max_pool_same,
+)
 
 
 def _both(fn, ref, a: torch.Tensor, b: torch.Tensor):
@@ -95,3 +109,117 @@ def test_sp_run_eagerly_while_another_thread_compiles_keeps_max_pool2d(monkeypat
     monkeypatch.undo()
     F.max_pool2d(ref, 5, 1, 2).sum().backward()
     torch.testing.assert_close(x.grad, ref.grad)
+
+
+def _conv_reference(conv: Conv) -> nn.Sequential:
+    """The same weights as the plain modules: Conv2d, BatchNorm2d, out-of-place SiLU."""
+    ref = nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1), nn.SiLU())
+    ref[0], ref[1] = copy.deepcopy(conv.conv), copy.deepcopy(conv.bn)
+    return ref
+
+
+def _train_step(m: nn.Module, x: torch.Tensor, grad: torch.Tensor, amp: bool) -> list[torch.Tensor]:
+    """The output, the input's gradient and every parameter's gradient of one step, in float64."""
+    m.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        out = m(x)
+    out.backward(grad.to(out.dtype))
+    return [t.double() for t in (out, x.grad, *(p.grad for p in m.parameters()))]
+
+
+def _same_statistics(bn: nn.BatchNorm2d, ref: nn.BatchNorm2d) -> None:
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(bn, name), getattr(ref, name).to(getattr(bn, name).dtype))
+
+
+def test_conv_training_recomputes_batchnorm_like_the_modules():
+    """Eager training's BatchNorm+SiLU (the torch path, float64): the output, every gradient and the running
+    statistics of the modules it replaces, over two steps."""
+    torch.manual_seed(0)
+    conv = Conv(6, 8, 3, 2).double().train()
+    ref = _conv_reference(conv)
+    for _ in range(2):
+        x = torch.randn(4, 6, 10, 12, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+        grad = torch.randn(4, 8, 5, 6, dtype=torch.float64)
+        for got, want in zip(_train_step(conv, x, grad, False), _train_step(ref, x, grad, False), strict=True):
+            torch.testing.assert_close(got, want)
+        _same_statistics(conv.bn, ref[1])
+
+
+@requires_cuda
+def test_conv_training_in_fp16_on_a_gpu_is_as_accurate_as_the_modules():
+    """As the trainer runs it (autocast fp16, channels-last, cuDNN's BatchNorm, the fused Triton kernel): every
+    result is as close to float64's as the modules' own fp16 results are (the recomputed values are not rounded
+    to fp16 before SiLU's gradient, so they differ from the modules' by rounding)."""
+    torch.manual_seed(0)
+    conv = Conv(16, 32, 3, 2).cuda().train()
+    ref, exact = _conv_reference(conv), _conv_reference(conv).double()
+    x = torch.randn(8, 16, 40, 48, device="cuda").contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(8, 32, 20, 24, device="cuda")
+    got, mod = _train_step(conv, x, grad, True), _train_step(ref, x, grad, True)
+    want = _train_step(exact, x.double(), grad.double(), False)
+    for a, b, w in zip(got, mod, want, strict=True):
+        assert (a - w).abs().max() <= 2 * (b - w).abs().max() + 1e-4 * w.abs().max()
+    _same_statistics(conv.bn, ref[1])
+
+
+def test_conv_training_keeps_two_activations_for_backward():
+    """Its input (for the convolution) and the BatchNorm's input; the normalised activations are recomputed."""
+    conv = Conv(4, 16, 3).train()
+    x = torch.randn(2, 4, 32, 32, requires_grad=True)
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() >= x.numel():
+            kept[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        conv(x)
+    assert sorted(kept.values()) == [x.numel(), 4 * x.numel()]
+
+
+def test_conv_compiled_for_training_traces_the_modules():
+    """torch.compile traces BatchNorm and SiLU as operators: inductor plans its own recomputation."""
+    traced: list[set[str]] = []
+
+    def backend(gm, _):
+        traced.append({getattr(n.target, "__name__", "") for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    conv = Conv(3, 8, 3).train()
+    x = torch.randn(1, 3, 8, 8, requires_grad=True)
+    torch._dynamo.reset()
+    torch.compile(conv, backend=backend)(x).sum().backward()
+    assert traced == [{"conv2d", "batch_norm", "silu"}]
+
+
+_KERNEL = """
+import torch
+from yolov9.core.batchnorm_silu_kernel import silu_backward_of_batchnorm
+from yolov9.core.modules import _silu_backward_of_batchnorm
+
+torch.manual_seed(0)
+x = torch.randn(3, 7, 5, 6).contiguous(memory_format=torch.channels_last)
+grad = torch.randn(3, 7, 5, 6)  # contiguous: the kernel takes it to x's layout
+weight, bias, mean, rstd = torch.rand(7) + 0.5, torch.randn(7), torch.randn(7), torch.rand(7) + 0.5
+got = silu_backward_of_batchnorm(x, grad, weight, bias, mean, rstd)
+assert got.is_contiguous(memory_format=torch.channels_last)
+# on the CPU the model takes its torch path: an eval-mode BatchNorm with these statistics, then SiLU's backward
+torch.testing.assert_close(got, _silu_backward_of_batchnorm(x, grad, weight, bias, mean, rstd, 1e-3))
+print("ok")
+"""
+
+
+def test_silu_backward_kernel_is_the_torch_path():
+    """The fused kernel (core/batchnorm_silu_kernel.py) through Triton's interpreter, in a child process (the
+    interpreter is chosen when the kernel is defined); the GPU-compiled kernel runs in the Conv test above."""
+    res = subprocess.run(
+        [sys.executable, "-c", _KERNEL],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
