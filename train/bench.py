@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from yolov9.core.errors import Unavailable
 from yolov9.core.model import DetectionModel
 from yolov9.core.profiling import profile_calls
 from yolov9.train import distributed
@@ -65,9 +66,16 @@ def bench_train(args: BenchTrainConfig) -> list[dict]:
     ctx = distributed.init(args.device)
     cache = None if args.cache == "none" else Cache(args.cache, args.workers, ctx)
     ds = DetectionDataset(load_split(resolve_data(args.data), "train"), args.img, Hyp(), cache, desc="bench")
-    results = []
+    results, failure = [], None
     for amp in args.amp.split(","):
-        row = _bench_mode(args, ds, ctx, amp)
+        try:
+            row = _bench_mode(args, ds, ctx, amp)
+        except torch.OutOfMemoryError:
+            if ctx.active:  # the other ranks would wait for this one at their next collective
+                raise
+            failure = _out_of_memory(args, ctx.device, amp)
+            results.append({"amp": amp, "cfg": args.cfg, "img": args.img, "batch": args.batch, "error": failure})
+            break  # the modes left would run out of memory as well
         if ctx.main:
             print(json.dumps(row))
         results.append(row)
@@ -75,7 +83,17 @@ def bench_train(args: BenchTrainConfig) -> list[dict]:
     if args.out and ctx.main:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+    if failure:
+        raise Unavailable(failure)
     return results
+
+
+def _out_of_memory(args: BenchTrainConfig, dev: torch.device, amp: str) -> str:
+    where = str(dev)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        where = f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    return f"out of memory training {args.cfg} at --batch {args.batch} ({amp}) on {where}; try a smaller --batch"
 
 
 def _build(args, nc: int, ctx: distributed.DistContext, dtype: torch.dtype | None, channels_last: bool):
@@ -117,56 +135,58 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         train_step.micro(batch.images, batch.targets)
         train_step.step()
 
-    t_warm = time.perf_counter()
-    step()  # the first step captures and compiles: timed on its own, from the model's build
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    first_step_s = time.perf_counter() - t_build
-    for _ in range(args.warmup - 1):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    warmup_s = time.perf_counter() - t_warm
-    t0, wait = time.perf_counter(), 0.0
-    sampler.start()
-    for _ in range(args.steps):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    el = float(distributed.mean(ctx, torch.tensor(time.perf_counter() - t0, device=dev)))
-    sampler.stop.set()
-    ips = args.steps * args.batch * ctx.world / el
-    gflop = training_gflop_per_image(model, args.img, dev)
-    tflops = ips * gflop / 1e3 / ctx.world  # per GPU
-    row = {
-        "amp": amp,
-        "cfg": args.cfg,
-        "img": args.img,
-        "batch": args.batch,
-        "channels_last": channels_last,
-        "cudnn_benchmark": args.cudnn_benchmark,
-        "steps": args.steps,
-        "gpus": ctx.world,
-        "cuda_graph": train_step.graphs,
-        "graph_captures": train_step.captures,
-        "compile": train_step.opts.compile,
-        "compile_loss": loss_compiled(train_step.opts.compile, args.compile_loss),
-        "images_per_s": round(ips, 1),
-        "data_wait_share": round(wait / el, 3),
-        "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
-        "first_step_s": round(first_step_s, 1),
-        "warmup_s": round(warmup_s, 1),
-        "train_gflop_per_image": round(gflop, 3),
-        "achieved_tflops_per_gpu": round(tflops, 1),
-        "mfu": round(tflops / args.peak_tflops, 3) if dev.type == "cuda" else None,
-        "peak_memory_gib": round(monitor.peak_gib(), 2),
-        "peak_allocated_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else 0.0,
-        "peak_nvidia_smi_gib": round(sampler.used_peak, 2) if sampler.used_peak else None,
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-    }
-    if train_step.opts.compile != "off":
-        row.update(cache_counts())
-    if args.profile:
-        row.update(profile_calls(step, 3, dev, args.profile))
-    close_batches(it)  # the next mode starts its own workers
-    return row
+    try:
+        t_warm = time.perf_counter()
+        step()  # the first step captures and compiles: timed on its own, from the model's build
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        first_step_s = time.perf_counter() - t_build
+        for _ in range(args.warmup - 1):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        warmup_s = time.perf_counter() - t_warm
+        t0, wait = time.perf_counter(), 0.0
+        sampler.start()
+        for _ in range(args.steps):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        el = float(distributed.mean(ctx, torch.tensor(time.perf_counter() - t0, device=dev)))
+        sampler.stop.set()
+        ips = args.steps * args.batch * ctx.world / el
+        gflop = training_gflop_per_image(model, args.img, dev)
+        tflops = ips * gflop / 1e3 / ctx.world  # per GPU
+        row = {
+            "amp": amp,
+            "cfg": args.cfg,
+            "img": args.img,
+            "batch": args.batch,
+            "channels_last": channels_last,
+            "cudnn_benchmark": args.cudnn_benchmark,
+            "steps": args.steps,
+            "gpus": ctx.world,
+            "cuda_graph": train_step.graphs,
+            "graph_captures": train_step.captures,
+            "compile": train_step.opts.compile,
+            "compile_loss": loss_compiled(train_step.opts.compile, args.compile_loss),
+            "images_per_s": round(ips, 1),
+            "data_wait_share": round(wait / el, 3),
+            "gpu_busy_pct": round(sum(sampler.samples) / len(sampler.samples), 1) if sampler.samples else None,
+            "first_step_s": round(first_step_s, 1),
+            "warmup_s": round(warmup_s, 1),
+            "train_gflop_per_image": round(gflop, 3),
+            "achieved_tflops_per_gpu": round(tflops, 1),
+            "mfu": round(tflops / args.peak_tflops, 3) if dev.type == "cuda" else None,
+            "peak_memory_gib": round(monitor.peak_gib(), 2),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else 0.0,
+            "peak_nvidia_smi_gib": round(sampler.used_peak, 2) if sampler.used_peak else None,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        }
+        if train_step.opts.compile != "off":
+            row.update(cache_counts())
+        if args.profile:
+            row.update(profile_calls(step, 3, dev, args.profile))
+        return row
+    finally:
+        close_batches(it)  # the next mode starts its own workers; on a failure too

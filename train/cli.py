@@ -109,7 +109,8 @@ def register(sub, bench) -> None:
         "data-wait share, warm-up time, training FLOPs per image and model FLOP utilisation, and peak memory (as "
         "torch allocated and reserved it, and as nvidia-smi shows it), for each --amp mode. Under torchrun each "
         "rank runs the step under DDP and rank 0 reports the images/s of all ranks together. Memory as `yolov9 train` "
-        "allocates it (expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set).",
+        "allocates it (expandable segments unless PYTORCH_CUDA_ALLOC_CONF is set). A mode that runs out of GPU "
+        "memory ends the bench with one line naming the batch, after writing --out with a row saying so.",
     )
     add_options(s, BenchTrainConfig)
     s.set_defaults(func=_bench_train)

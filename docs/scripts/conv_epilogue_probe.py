@@ -2,13 +2,15 @@
 pass (issue "Serving, second step", the engine goal)? Inference form (BatchNorm folded), fp16, channels-last, on a
 GPU. For each distinct convolution of the deployed model that a SiLU follows, in its shape at --batch, times:
 
-  conv        F.conv2d with bias alone (cuDNN): what a perfectly fused epilogue would cost at best
-  conv+silu   F.conv2d with bias, then F.silu (two kernels, eager)
+  conv        F.conv2d with bias: cuDNN's convolution, then the bias added by torch in a second pass
+  conv+silu   the same, then F.silu (three passes, eager)
   inductor    torch.compile of both: what the AOTInductor package runs (cuDNN without bias, one Triton pass)
   triton      torch.compile with max_autotune and Triton convolution templates only (the epilogue fused in)
   cudnn       a cuDNN graph conv_fprop -> bias -> swish through the cuDNN frontend (`pip install
               nvidia-cudnn-frontend`; skipped where `import cudnn` fails), its runtime-fused kernel
 
+Each method's calls are timed as the engine runs them: REPS calls captured in one CUDA graph (--no-graph: launched
+back to back), so the time is the GPU's and not the launch's.
 Prints one JSON line per shape (milliseconds per call, median of --iters, and how many layers have that shape) and
 the model's totals per method. The compiled methods cost seconds to minutes per shape: `--methods` and
 `--max-shapes` (the largest inputs first) bound the run.
@@ -52,17 +54,34 @@ def silu_convs(model: DetectionModel, batch: int, img: int) -> Counter:
     return shapes
 
 
-def timed(fn, x: torch.Tensor, iters: int) -> float:
-    for _ in range(3):
-        fn(x)
+REPS = 10  # calls per timed replay
+
+
+def timed(fn, x: torch.Tensor, iters: int, graphed: bool) -> float:
+    """Milliseconds per call: the median over `iters` replays of REPS calls (one CUDA graph when `graphed`)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(side)
+    if graphed:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(REPS):
+                fn(x)
+        run = graph.replay
+    else:
+        run = lambda: [fn(x) for _ in range(REPS)]  # noqa: E731
+    run()
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(x)
+        run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / REPS)
     return statistics.median(times)
 
 
@@ -70,8 +89,12 @@ def cudnn_fused(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, stride, paddi
     import cudnn  # noqa: PLC0415 (nvidia-cudnn-frontend, optional)
 
     half = cudnn.data_type.HALF
+    handle = cudnn.create_handle()  # its own, set to torch's stream at each call (so it can be captured)
     graph = cudnn.pygraph(
-        io_data_type=half, intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT
+        io_data_type=half,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
     )
     bias = b.reshape(1, -1, 1, 1).contiguous(memory_format=torch.channels_last)
     tx = graph.tensor(name="X", dim=x.size(), stride=x.stride(), data_type=half)
@@ -93,7 +116,8 @@ def cudnn_fused(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, stride, paddi
     ws = torch.empty(graph.get_workspace_size(), device=x.device, dtype=torch.uint8)
 
     def run(inp: torch.Tensor) -> torch.Tensor:
-        graph.execute({tx: inp, tw: w, tb: bias, y: out}, ws)
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        graph.execute({tx: inp, tw: w, tb: bias, y: out}, ws, handle=handle)
         return out
 
     run(x)
@@ -126,7 +150,8 @@ def main() -> None:
     ap.add_argument("--img", type=int, default=640, help="image size")
     ap.add_argument("--methods", default="conv,conv+silu,inductor,cudnn", help=f"comma-separated, of {METHODS}")
     ap.add_argument("--max-shapes", type=int, default=0, help="only the N shapes with the largest inputs (0: all)")
-    ap.add_argument("--iters", type=int, default=50, help="timed calls per shape and method")
+    ap.add_argument("--iters", type=int, default=50, help="timed replays per shape and method")
+    ap.add_argument("--no-graph", action="store_true", help="launch the calls back to back instead of one CUDA graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -144,7 +169,7 @@ def main() -> None:
         for name in args.methods.split(","):
             try:
                 fn = method_fn(name, x, weight, bias, stride, padding, groups)
-                ms = timed(fn, x, args.iters) if fn is not None else None
+                ms = timed(fn, x, args.iters, not args.no_graph) if fn is not None else None
             except Exception as e:  # a method that cannot run this shape: say why, keep going
                 row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:200]
                 continue

@@ -132,6 +132,25 @@ def test_train_cli_help_explains_every_flag():
         assert flag in out
 
 
+def test_bench_train_out_of_memory_is_one_line_after_the_json(tmp_path, monkeypatch, capfd):
+    """A mode that runs out of memory (raised at the first step here: the CPU does not run out) ends the bench with
+    one line naming the batch to lower; the JSON keeps a row saying so, and the modes after it do not run."""
+    from yolov9.cli import main
+    from yolov9.train.engine import TrainStep
+
+    def no_memory(*_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 50.00 MiB.")
+
+    monkeypatch.setattr(TrainStep, "micro", no_memory)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "train", "--cfg", "gelan-t", "--data", "coco48", "--img", "64", "--batch", "4"]
+    argv += ["--amp", "off,bf16", "--workers", "1", "--cache", "none", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 2
+    why = "out of memory training gelan-t at --batch 4 (off) on cpu; try a smaller --batch"
+    assert capfd.readouterr().err.strip().splitlines()[-1] == f"yolov9 bench: error: {why}"
+    assert json.loads(out.read_text()) == [{"amp": "off", "cfg": "gelan-t", "img": 64, "batch": 4, "error": why}]
+
+
 def test_bench_train_reports_each_amp_mode(tmp_path):
     out = tmp_path / "bench.json"
     subprocess.run(
