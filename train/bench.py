@@ -188,5 +188,6 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         if args.profile:
             row.update(profile_calls(step, 3, dev, args.profile))
         return row
-    finally:
-        close_batches(it)  # the next mode starts its own workers; on a failure too
+    finally:  # on a failure too
+        sampler.stop.set()
+        close_batches(it)  # the next mode starts its own workers
