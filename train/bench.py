@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -119,6 +120,9 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     dtype = AMP_DTYPES[amp]
     channels_last = args.channels_last and dev.type == "cuda"
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    if dev.type == "cuda":  # the last mode's cached blocks go back to the driver, so each mode's peaks are its own
+        gc.collect()
+        torch.cuda.empty_cache()
     t_build = time.perf_counter()
     model, train_step = _build(args, len(ds.names), ctx, dtype, channels_last)
     sampler = EpochBatchSampler(len(ds), args.batch, shard=(ctx.rank, ctx.world))
