@@ -72,6 +72,13 @@ from yolov9.train.step import (
 )
 from yolov9.train.validate import evaluate, format_table
 
+VAL_BATCH_MAX = 64  # inference throughput levels off by here; a larger batch only adds memory beside the step's
+
+
+def val_batch(train_batch: int) -> int:
+    """The batch of validation during training: twice the training batch, as the official trainer's, up to 64."""
+    return min(2 * train_batch, VAL_BATCH_MAX)
+
 
 def lr_lambda(epochs: int, lrf: float, cosine: bool):
     if cosine:
@@ -353,7 +360,8 @@ class Trainer:
         val_loader, log, self.writer = None, None, CheckpointWriter()
         self.plots = plots.BackgroundPlots(background=self.device.type == "cuda")
         if self.val_ds is not None:
-            val_loader = eval_loader(self.val_ds, self.state.batch * 2, cfg.workers, pin=self.device.type == "cuda")
+            pin = self.device.type == "cuda"
+            val_loader = eval_loader(self.val_ds, val_batch(self.state.batch), cfg.workers, pin=pin)
         if main:
             self.dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok)
             (self.dir / "args.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -452,8 +460,13 @@ class Trainer:
         fitness = -1.0
         if val_loader is not None:
             t0 = time.perf_counter()
+            # at the training's precision on a GPU, as the official trainer validates; fp32 on the CPU, where bf16
+            # autocast is slow without the instructions for it
+            amp = self.amp_dtype if self.device.type == "cuda" else None
             with heuristic_convolutions():
-                res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final)
+                res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final, amp=amp)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # validation's blocks: the training step does not reuse them
             keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl", "detections", "score_s")
             row.update({k: res[k] for k in keys if k in res}, val_s=time.perf_counter() - t0)
             fitness = 0.1 * res["map50"] + 0.9 * res["map"]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
+from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from yolov9.core.boxes import xywh2xyxy
@@ -137,10 +138,12 @@ def evaluate(
     progress: bool = True,
     loss_fn: Callable | None = None,
     plots: bool = False,
+    amp: torch.dtype | None = None,
 ) -> dict:
     """Runs `predict` over the loader (built on a non-augmenting DetectionDataset) and scores it; the result also
     holds images/s of the whole pass (decode, engine, NMS). With `loss_fn` (predict is then a model) it adds the
-    validation loss items; with `plots`, the curves, confusion matrix and first batch under 'plots'."""
+    validation loss items, and `amp` runs the model's layers under that autocast dtype (the loss, the decode and NMS
+    stay fp32); with `plots`, the curves, confusion matrix and first batch under 'plots'."""
     ds: DetectionDataset = loader.dataset
     device, dtype = _device_dtype(predict)
     dets, shapes, per_image_dets, losses, sample = [], {}, {}, [], None
@@ -148,8 +151,8 @@ def evaluate(
     for batch in watched(tqdm(loader, desc="val", leave=False, disable=not progress)):
         x = batch.images.to(device, non_blocking=True).to(dtype) / 255
         if loss_fn is not None:  # the head's raw maps give the loss, and decode to what eval mode returns
-            with raw_outputs(predict):
-                raw = predict(x)
+            with raw_outputs(predict), torch.autocast(device.type, amp or torch.float32, enabled=amp is not None):
+                raw = tree_map(lambda t: t.float(), predict(x))
             losses.append(loss_fn(raw, letterboxed_targets(batch, x.shape[2:]).to(device), padded=True)[1])
             pred = (predict.head if hasattr(predict, "head") else predict).decode_all(raw)
         else:

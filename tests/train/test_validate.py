@@ -8,11 +8,14 @@ import io
 
 import numpy as np
 import pytest
+import torch
 from pycocotools.cocoeval import COCOeval
 
-from yolov9.train.data.dataset import DetectionDataset
+from yolov9.core.checkpoint import model_from_checkpoint, read_checkpoint
+from yolov9.train.data.dataset import DetectionDataset, eval_loader
 from yolov9.train.data.formats import load_split, resolve_data
-from yolov9.train.validate import coco_ground_truth, score
+from yolov9.train.loss import DetectionLoss
+from yolov9.train.validate import coco_ground_truth, evaluate, score
 
 
 def _detections(ds: DetectionDataset, shapes: dict, rng: np.random.Generator) -> list[list[float]]:
@@ -57,3 +60,19 @@ def test_score_equals_pycocotools_standard_summary(coco48, seed):
         if ds.names[cat] in res["per_class"]:
             p = prec[:, :, k]
             assert res["per_class"][ds.names[cat]]["ap"] == pytest.approx(p[p > -1].mean(), abs=1e-12)
+
+
+def test_a_model_validates_under_autocast_and_scores_like_fp32(trained_tiny, tiny_subset):
+    """The trainer validates on a GPU at its training precision: the layers under autocast, the loss, the decode and
+    NMS in fp32. bf16 here (the CPU's autocast dtype): the same mAP and losses as fp32 within bf16's rounding."""
+    model = model_from_checkpoint(read_checkpoint(trained_tiny)).eval()
+    ds = DetectionDataset(load_split(resolve_data(str(tiny_subset)), "val"), 160, desc="val")
+    loader, loss_fn = eval_loader(ds, 8), DetectionLoss.for_model(model)
+    fp32 = evaluate(model, loader, loss_fn=loss_fn, progress=False)
+    bf16 = evaluate(model, loader, loss_fn=loss_fn, progress=False, amp=torch.bfloat16)
+    assert fp32["map"] > 0.1  # a model whose score can move
+    assert bf16["val_cls"] != fp32["val_cls"]  # the layers did run in bf16
+    assert bf16["map"] == pytest.approx(fp32["map"], abs=0.03)
+    for k in ("val_box", "val_cls", "val_dfl"):
+        assert bf16[k] == pytest.approx(fp32[k], rel=0.03), k
+    assert bf16["detections"] == pytest.approx(fp32["detections"], rel=0.1)
