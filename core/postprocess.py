@@ -121,14 +121,38 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
     return allow
 
 
+# Past this many candidates torchvision's batched_nms finds each group with a pass over all of them (b x nc passes
+# at validation's conf 0.001); below it, its one NMS over boxes offset per group is faster. Its own thresholds.
+_GROUPED_NMS_FROM = {"cpu": 1000, "cuda": 5000}
+
+
+def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, key: torch.Tensor, iou: float) -> torch.Tensor:
+    """torchvision's batched_nms (the indices kept, in decreasing score), with many candidates sorted into their
+    groups once and suppressed group by group."""
+    import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
+
+    if len(boxes) <= _GROUPED_NMS_FROM.get(boxes.device.type, 5000):
+        return torchvision.ops.batched_nms(boxes, scores, key, iou)
+    key_sorted, perm = torch.sort(key, stable=True)
+    counts = torch.unique_consecutive(key_sorted, return_counts=True)[1].tolist()
+    grouped_boxes, grouped_scores = boxes[perm], scores[perm]
+    kept, start = [], 0
+    for n in counts:
+        end = start + n
+        kept.append(torchvision.ops.nms(grouped_boxes[start:end], grouped_scores[start:end], iou) + start)
+        start = end
+    mask = torch.zeros_like(key, dtype=torch.bool)
+    mask[perm[torch.cat(kept)]] = True
+    keep = mask.nonzero().view(-1)  # then torchvision's own order, so that ties in score come out alike
+    return keep[scores[keep].sort(descending=True)[1]]
+
+
 def _suppress(rows: torch.Tensor, b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:
     """NMS per (image, class) over candidate rows (N, 7: x1, y1, x2, y2, score, class, image) of b images, then at
     most max_det per image, grouped by image in score order. Few tensor operations: at a light load this runs once
     per request on the host, where each operation costs microseconds whatever its size."""
-    import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
-
     key = (rows[:, 6] * nc + rows[:, 5]).long()  # one NMS group per (image, class)
-    keep = torchvision.ops.batched_nms(rows[:, :4], rows[:, 4], key, iou)  # sorted by score
+    keep = batched_nms(rows[:, :4], rows[:, 4], key, iou)  # sorted by score
     dev = rows.device
     if b == 1:  # one image (light load): already grouped and ranked, so the grouping below would change nothing
         keep = keep[: _per_image(max_det, 1)[0]]

@@ -4,7 +4,7 @@ import torchvision
 
 from yolov9.core import postprocess
 from yolov9.core.boxes import scale_boxes_back, xywh2xyxy
-from yolov9.core.postprocess import HOST_NMS_MAX, nms_flat, per_image
+from yolov9.core.postprocess import HOST_NMS_MAX, batched_nms, nms_flat, per_image
 
 
 def _reference(pred, conf, iou, max_det):
@@ -47,6 +47,20 @@ def test_one_image_gives_what_the_batch_path_gives_it(max_det):
     for got, want in zip(alone[:3], batched[:3]):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("n, groups", [(800, 40), (3000, 1), (3000, 600), (20000, 2560)])
+def test_grouped_nms_keeps_what_torchvisions_keeps_in_its_order(n, groups):
+    """Past a thousand candidates on the CPU the groups are sorted out once instead of found by a pass each; the
+    result must be torchvision's to the index and order, ties in score included."""
+    g = torch.Generator().manual_seed(n + groups)
+    xy = torch.rand(n, 2, generator=g) * 600
+    boxes = torch.cat((xy, xy + torch.rand(n, 2, generator=g) * 120 + 2), 1)
+    scores = (torch.rand(n, generator=g) * 50).round() / 50  # many equal scores
+    key = torch.randint(0, groups, (n,), generator=g)
+    want = torchvision.ops.batched_nms(boxes, scores, key, 0.6)
+    got = batched_nms(boxes, scores, key, 0.6)
+    assert len(want) < n and torch.equal(got, want)
 
 
 def test_scale_boxes_back_per_box_equals_per_image():
