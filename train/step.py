@@ -117,6 +117,11 @@ class StepOptions:
     compile_background: bool = False  # what compiles does so in a thread while the first steps run uncompiled
 
 
+def autocast(device_type: str, dtype: torch.dtype | None, cache: bool = True) -> torch.autocast:
+    """Autocast to dtype on that device type; None runs in fp32 (autocast off)."""
+    return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None, cache_enabled=cache)
+
+
 def forward_backward(
     model: nn.Module,
     imgs: torch.Tensor,
@@ -135,10 +140,7 @@ def forward_backward(
     x = imgs.to(dev, non_blocking=True)
     if channels_last and dev.type == "cuda":
         x = x.contiguous(memory_format=torch.channels_last)
-    autocast = torch.autocast(
-        dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None, cache_enabled=autocast_cache
-    )
-    with autocast:
+    with autocast(dev.type, amp_dtype, autocast_cache):
         preds = model(to_input(x))
     loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
     # NaN times a non-finite loss makes every gradient NaN (on every rank, after DDP's all-reduce): the step skips

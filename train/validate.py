@@ -26,6 +26,7 @@ from yolov9.train.data.dataset import Batch, DetectionDataset
 from yolov9.train.data.targets import pad_targets
 from yolov9.train.metrics import confusion_matrix, pr_curves
 from yolov9.train.stall import watched
+from yolov9.train.step import autocast
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def evaluate(
     for batch in watched(tqdm(loader, desc="val", leave=False, disable=not progress)):
         x = batch.images.to(device, non_blocking=True).to(dtype) / 255
         if loss_fn is not None:  # the head's raw maps give the loss, and decode to what eval mode returns
-            with raw_outputs(predict), torch.autocast(device.type, amp or torch.float32, enabled=amp is not None):
+            with raw_outputs(predict), autocast(device.type, amp):
                 raw = tree_map(lambda t: t.float(), predict(x))
             losses.append(loss_fn(raw, letterboxed_targets(batch, x.shape[2:]).to(device), padded=True)[1])
             pred = (predict.head if hasattr(predict, "head") else predict).decode_all(raw)
