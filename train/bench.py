@@ -75,7 +75,7 @@ def bench_train(args: BenchTrainConfig) -> list[dict]:
             if ctx.active:  # the other ranks would wait for this one at their next collective
                 raise
             failure = _out_of_memory(args, ctx.device, amp)
-            results.append({"amp": amp, "cfg": args.cfg, "img": args.img, "batch": args.batch, "error": failure})
+            results.append({**_mode_keys(args, amp), "error": failure})
             break  # the modes left would run out of memory as well
         if ctx.main:
             print(json.dumps(row))
@@ -87,6 +87,11 @@ def bench_train(args: BenchTrainConfig) -> list[dict]:
     if failure:
         raise Unavailable(failure)
     return results
+
+
+def _mode_keys(args: BenchTrainConfig, amp: str) -> dict:
+    """The keys that name a row, first in a measured one and in one that failed."""
+    return {"amp": amp, "cfg": args.cfg, "img": args.img, "batch": args.batch}
 
 
 def _out_of_memory(args: BenchTrainConfig, dev: torch.device, amp: str) -> str:
@@ -162,10 +167,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         gflop = training_gflop_per_image(model, args.img, dev)
         tflops = ips * gflop / 1e3 / ctx.world  # per GPU
         row = {
-            "amp": amp,
-            "cfg": args.cfg,
-            "img": args.img,
-            "batch": args.batch,
+            **_mode_keys(args, amp),
             "channels_last": channels_last,
             "cudnn_benchmark": args.cudnn_benchmark,
             "steps": args.steps,
