@@ -121,30 +121,52 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
     return allow
 
 
-# Past this many candidates torchvision's batched_nms finds each group with a pass over all of them (b x nc passes
-# at validation's conf 0.001); below it, its one NMS over boxes offset per group is faster. Its own thresholds.
-_GROUPED_NMS_FROM = {"cpu": 1000, "cuda": 5000}
+# torchvision's batched_nms runs one NMS over all candidates with each group's boxes offset apart while they are few,
+# and one NMS per group past that, each group found by a pass over all candidates (b x nc passes at validation's conf
+# 0.001). Here the groups are sorted out once and packed, whole, into chunks of up to this many candidates, each one
+# offset NMS: one NMS per group costs a call each (on a GPU a wait for the host too), one over all costs the square
+# of their number. Chosen by docs/scripts/nms_chunks.py (docs/benchmarks.md).
+NMS_CHUNK = {"cpu": 100, "cuda": 4000}
 
 
-def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, key: torch.Tensor, iou: float) -> torch.Tensor:
-    """torchvision's batched_nms (the indices kept, in decreasing score), with many candidates sorted into their
-    groups once and suppressed group by group."""
+def batched_nms(
+    boxes: torch.Tensor, scores: torch.Tensor, key: torch.Tensor, iou: float, chunk: int | None = None
+) -> torch.Tensor:
+    """What torchvision's batched_nms keeps (the indices, in decreasing score; past one chunk, equal scores by
+    index), run over chunks of whole groups of at most `chunk` candidates (default: NMS_CHUNK for the device). A
+    chunk's groups are offset by their rank within it, which keeps the offset coordinates small."""
     import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
 
-    if len(boxes) <= _GROUPED_NMS_FROM.get(boxes.device.type, 5000):
+    chunk = chunk or NMS_CHUNK.get(boxes.device.type, NMS_CHUNK["cuda"])
+    if len(boxes) <= chunk:
         return torchvision.ops.batched_nms(boxes, scores, key, iou)
     key_sorted, perm = torch.sort(key, stable=True)
-    counts = torch.unique_consecutive(key_sorted, return_counts=True)[1].tolist()
-    grouped_boxes, grouped_scores = boxes[perm], scores[perm]
-    kept, start = [], 0
-    for n in counts:
-        end = start + n
-        kept.append(torchvision.ops.nms(grouped_boxes[start:end], grouped_scores[start:end], iou) + start)
-        start = end
+    _, group, counts = torch.unique_consecutive(key_sorted, return_inverse=True, return_counts=True)
+    boxes, group_scores = boxes[perm], scores[perm]
+    kept = []
+    for a, b, groups in _chunks(counts.tolist(), chunk):
+        if groups == 1:  # no offsets to add
+            kept.append(torchvision.ops.nms(boxes[a:b], group_scores[a:b], iou) + a)
+        else:
+            kept.append(torchvision.ops.batched_nms(boxes[a:b], group_scores[a:b], group[a:b] - group[a], iou) + a)
     mask = torch.zeros_like(key, dtype=torch.bool)
     mask[perm[torch.cat(kept)]] = True
-    keep = mask.nonzero().view(-1)  # then torchvision's own order, so that ties in score come out alike
-    return keep[scores[keep].sort(descending=True)[1]]
+    keep = mask.nonzero().view(-1)
+    return keep[scores[keep].sort(descending=True, stable=True)[1]]
+
+
+def _chunks(counts: list[int], limit: int) -> list[tuple[int, int, int]]:
+    """(start, end, groups) of consecutive runs of groups (`counts` candidates each) of at most `limit` candidates;
+    a group larger than that is a run of its own."""
+    runs, start, end, groups = [], 0, 0, 0
+    for n in counts:
+        if groups and end - start + n > limit:
+            runs.append((start, end, groups))
+            start, groups = end, 0
+        end += n
+        groups += 1
+    runs.append((start, end, groups))
+    return runs
 
 
 def _suppress(rows: torch.Tensor, b: int, nc: int, iou: float, max_det: int | list[int]) -> Flat:

@@ -49,18 +49,23 @@ def test_one_image_gives_what_the_batch_path_gives_it(max_det):
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("n, groups", [(800, 40), (3000, 1), (3000, 600), (20000, 2560)])
-def test_grouped_nms_keeps_what_torchvisions_keeps_in_its_order(n, groups):
-    """Past a thousand candidates on the CPU the groups are sorted out once instead of found by a pass each; the
-    result must be torchvision's to the index and order, ties in score included."""
+@pytest.mark.parametrize(
+    "n, groups, chunk", [(800, 40, None), (3000, 1, None), (3000, 600, None), (20000, 2560, None), (500, 20, 60)]
+)
+def test_chunked_nms_keeps_what_torchvision_keeps_in_its_order(n, groups, chunk):
+    """Past a chunk's size the groups are sorted out once and suppressed a chunk of whole groups at a time (a group
+    larger than a chunk alone); it must keep what torchvision keeps, in decreasing score and equal scores by index.
+    Integer boxes: offsets then round alike on both sides, as they do for pixel-grid boxes."""
     g = torch.Generator().manual_seed(n + groups)
-    xy = torch.rand(n, 2, generator=g) * 600
-    boxes = torch.cat((xy, xy + torch.rand(n, 2, generator=g) * 120 + 2), 1)
+    xy = (torch.rand(n, 2, generator=g) * 600).round()
+    boxes = torch.cat((xy, xy + (torch.rand(n, 2, generator=g) * 120).round() + 2), 1)
     scores = (torch.rand(n, generator=g) * 50).round() / 50  # many equal scores
     key = torch.randint(0, groups, (n,), generator=g)
     want = torchvision.ops.batched_nms(boxes, scores, key, 0.6)
-    got = batched_nms(boxes, scores, key, 0.6)
-    assert len(want) < n and torch.equal(got, want)
+    got = batched_nms(boxes, scores, key, 0.6, chunk=chunk)
+    assert len(want) < n and torch.equal(got.sort().values, want.sort().values)
+    ranked = torch.stack((-scores[got], got.double()), 1).tolist()
+    assert ranked == sorted(ranked)
 
 
 def test_scale_boxes_back_per_box_equals_per_image():
