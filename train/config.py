@@ -189,8 +189,9 @@ class TrainConfig:
         "of the model, whose step takes about as much GPU memory again while it compiles). The first steps train "
         "uncompiled (captured, so the thread takes little from them) and the compiled step takes over when ready, "
         "so the first step does not wait for the compile (the loss alone: cold start to the first step about 50 s "
-        "instead of 111 s on an H200; the forward: not measured yet); off by default as the first epochs run "
-        "slower beside the compiling thread (docs/benchmarks.md)",
+        "instead of 111 s on an H200). Off by default: the epochs beside the compiling thread run slower, and "
+        "gelan-s's layers compiled this way from an empty cache had not taken over after 22 epochs of 4,096 images "
+        "(340 s on an H100), where compiling before the first step takes about 240 s (docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
