@@ -123,22 +123,26 @@ def _allowed(classes, b: int, nc: int, dev: torch.device) -> torch.Tensor | None
 
 # torchvision's batched_nms runs one NMS over all candidates with each group's boxes offset apart while they are few,
 # and one NMS per group past that, each group found by a pass over all candidates (b x nc passes at validation's conf
-# 0.001). Here the groups are sorted out once and packed, whole, into chunks of up to this many candidates, each one
-# offset NMS: one NMS per group costs a call each (on a GPU a wait for the host too), one over all costs the square
-# of their number. Chosen by docs/scripts/nms_chunks.py (docs/benchmarks.md).
+# 0.001). Past NMS_WHOLE_MAX candidates the groups here are sorted out once and packed, whole, into chunks of up to
+# NMS_CHUNK candidates, each one offset NMS: one NMS per group costs a call each (on a GPU a wait for the host too),
+# one over all the square of their number, and chunking its own few operations (on the CPU they cost more than the
+# NMS up to torchvision's own limit, which covers the host NMS of a served image). Chosen by
+# docs/scripts/nms_chunks.py (docs/benchmarks.md).
+NMS_WHOLE_MAX = {"cpu": 1000, "cuda": 4000}
 NMS_CHUNK = {"cpu": 100, "cuda": 4000}
 
 
 def batched_nms(
     boxes: torch.Tensor, scores: torch.Tensor, key: torch.Tensor, iou: float, chunk: int | None = None
 ) -> torch.Tensor:
-    """What torchvision's batched_nms keeps (the indices, in decreasing score; past one chunk, equal scores by
-    index), run over chunks of whole groups of at most `chunk` candidates (default: NMS_CHUNK for the device). A
+    """What torchvision's batched_nms keeps (the indices, in decreasing score; when chunked, equal scores by index),
+    over chunks of whole groups of at most `chunk` candidates past NMS_WHOLE_MAX (a given `chunk` is both). A
     chunk's groups are offset by their rank within it, which keeps the offset coordinates small."""
     import torchvision  # imported at first use, off the trainer's start (core/decode.decode_image)
 
-    chunk = chunk or NMS_CHUNK.get(boxes.device.type, NMS_CHUNK["cuda"])
-    if len(boxes) <= chunk:
+    dev = boxes.device.type if boxes.device.type in NMS_CHUNK else "cuda"
+    whole, chunk = (NMS_WHOLE_MAX[dev], NMS_CHUNK[dev]) if chunk is None else (chunk, chunk)
+    if len(boxes) <= whole:
         return torchvision.ops.batched_nms(boxes, scores, key, iou)
     key_sorted, perm = torch.sort(key, stable=True)
     _, group, counts = torch.unique_consecutive(key_sorted, return_inverse=True, return_counts=True)

@@ -51,7 +51,7 @@ def validation_batch(device: str) -> list[dict]:
     for multi_label in (False, True):
         row = {"multi_label": multi_label, "chunk_ms": {}}
         for c in CHUNKS[device]:
-            postprocess.NMS_CHUNK[device] = c
+            postprocess.NMS_WHOLE_MAX[device] = postprocess.NMS_CHUNK[device] = c
             row["chunk_ms"][c] = round(
                 ms(partial(nms_flat, pred, 0.001, 0.7, 300, multi_label=multi_label), device, 2)[0], 1
             )
