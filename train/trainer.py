@@ -467,7 +467,8 @@ class Trainer:
                 res = evaluate(self.state.ema.ema, val_loader, loss_fn=self.loss_fn, plots=final, amp=amp)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # validation's blocks: the training step does not reuse them
-            keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl", "detections", "score_s")
+            keys = ("precision", "recall", "map50", "map", "val_box", "val_cls", "val_dfl")
+            keys += ("detections", "nms_s", "score_s")  # what the epoch's end costs, beside val_s
             row.update({k: res[k] for k in keys if k in res}, val_s=time.perf_counter() - t0)
             fitness = 0.1 * res["map50"] + 0.9 * res["map"]
             if final:

@@ -147,7 +147,7 @@ def evaluate(
     stay fp32); with `plots`, the curves, confusion matrix and first batch under 'plots'."""
     ds: DetectionDataset = loader.dataset
     device, dtype = _device_dtype(predict)
-    dets, shapes, per_image_dets, losses, sample = [], {}, {}, [], None
+    dets, shapes, per_image_dets, losses, sample, nms_s = [], {}, {}, [], None, 0.0
     t0 = time.perf_counter()
     for batch in watched(tqdm(loader, desc="val", leave=False, disable=not progress)):
         x = batch.images.to(device, non_blocking=True).to(dtype) / 255
@@ -159,10 +159,12 @@ def evaluate(
         else:
             pred = predict(x)
         p = protocol
+        t_nms = _after_the_gpu(device)  # the forward's kernels done: what follows is NMS and the copy back
         flat = postprocess_flat(
             main_head(pred).float(), batch.metas, p.conf, p.iou, p.max_det, multi_label=p.multi_label
         )
-        found = [d.cpu() for d in per_image(flat)]
+        found = [d.cpu() for d in per_image(flat)]  # each copy waits for NMS's kernels
+        nms_s += time.perf_counter() - t_nms
         if plots and sample is None:
             sample = (batch, found)
         for det, i, meta in zip(found, batch.indices.tolist(), batch.metas):
@@ -173,7 +175,7 @@ def evaluate(
     res, ev = score(ds, shapes, dets)
     res["images_per_s"] = len(shapes) / max(seconds, 1e-9)
     # what scoring costs beside the pass: it grows with the detections (up to max_det per image early in training)
-    res.update(detections=len(dets), score_s=time.perf_counter() - t0 - seconds)
+    res.update(detections=len(dets), score_s=time.perf_counter() - t0 - seconds, nms_s=nms_s)
     if losses:
         res.update(zip(("val_box", "val_cls", "val_dfl"), torch.stack(losses).mean(0).tolist()))
     if plots:
@@ -184,6 +186,13 @@ def evaluate(
             "sample": sample,
         }
     return res
+
+
+def _after_the_gpu(device: torch.device) -> float:
+    """time.perf_counter() once the device's queued kernels have run."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _pixel_labels(ds: DetectionDataset, i: int, hw: tuple[int, int]) -> torch.Tensor:
