@@ -52,7 +52,7 @@ def test_one_image_gives_what_the_batch_path_gives_it(max_det):
 @pytest.mark.parametrize(
     "n, groups, chunk", [(800, 40, None), (3000, 1, None), (3000, 600, None), (20000, 2560, None), (500, 20, 60)]
 )
-def test_chunked_nms_keeps_what_torchvision_keeps_in_its_order(n, groups, chunk):
+def test_chunked_nms_keeps_what_torchvision_keeps_in_decreasing_score(n, groups, chunk):
     """Past a chunk's size the groups are sorted out once and suppressed a chunk of whole groups at a time (a group
     larger than a chunk alone); it must keep what torchvision keeps, in decreasing score.
     Integer boxes: offsets then round alike on both sides, as they do for pixel-grid boxes."""
