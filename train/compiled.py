@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -72,6 +73,21 @@ def _configure() -> None:
 # waits for a later step when it cannot, as a capture could be broken by another thread's compile and kernel loads.
 COMPILE_LOCK = threading.Lock()
 
+# How soon the interpreter hands the GIL to a waiting thread while a background compile runs (Python's default is
+# 5 ms): dynamo's tracing and inductor's code generation hold it for long stretches, and the training thread takes it
+# back after every CUDA call, loader queue read and pinned copy of a step.
+COMPILE_SWITCH_INTERVAL_S = 0.0002
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float):
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
 
 class BackgroundCompile:
     """What a compiled part of the step (`CompiledForward`, `CompiledLoss`) needs to compile in a thread. With
@@ -118,7 +134,7 @@ class BackgroundCompile:
     def _compile(self, threads: int) -> None:
         device = self._example_device()
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        with COMPILE_LOCK:
+        with COMPILE_LOCK, _switch_interval(COMPILE_SWITCH_INTERVAL_S):
             try:
                 torch.set_num_threads(threads)
                 if stream is not None:  # the copies were made on the training's stream

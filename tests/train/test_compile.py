@@ -6,6 +6,7 @@ path with CUDA graphs is tested on the GPU in test_step.py."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from yolov9.train.compiled import (
     AUTO_LAYERS_COLD,
     AUTO_LAYERS_WARM,
     AUTO_MIN_IMAGES,
+    COMPILE_SWITCH_INTERVAL_S,
     CompiledForward,
     CompiledLoss,
     cache_dir,
@@ -116,6 +118,36 @@ def test_inductor_cache_lives_in_the_users_cache_folder(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "yolov9" / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "own"))
     assert cache_dir() == tmp_path / "own"
+
+
+def test_a_background_compile_starts_once_the_optimizer_step_is_captured_too():
+    """A capture waits while a background compile holds COMPILE_LOCK, so the compile starts only once the micro-batch
+    and the optimizer step are both captured: started after the micro-batch's capture alone, it left the optimizer
+    step eager (clip, step and EMA as many small kernels) for as long as it compiled."""
+    from types import SimpleNamespace
+
+    from yolov9.train.engine import TrainStep
+    from yolov9.train.loss import DetectionLoss
+    from yolov9.train.step import StepOptions, build_optimizer, make_scaler
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    torch._dynamo.reset()
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    step = TrainStep(model, model, loss_fn, opt, make_scaler(torch.device("cpu"), None), None, StepOptions())
+    step.loss_fn = CompiledLoss(loss_fn, backend=broken, background=True)
+    step.loss_fn(model(torch.rand(2, 3, 64, 64)), _boxes_in_first_image(5, nc=3))  # the example to compile on
+    # the captured parts as a GPU run has them after its first micro-batch (the CPU captures nothing)
+    step.graphed = SimpleNamespace(graph="captured", eager_only=False)
+    step.graphed_opt = SimpleNamespace(graph=None)  # the warm-up's momentum ramp: not captured yet
+    step._start_background()
+    assert step.loss_fn._thread is None
+    step.graphed_opt.graph = "captured"
+    step._start_background()
+    assert step.loss_fn._thread is not None and step.loss_fn.wait(timeout=120)
 
 
 @pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])
@@ -304,7 +336,30 @@ def test_a_failed_background_compile_leaves_the_loss_uncompiled():
     torch.testing.assert_close(net(model(x), rows)[0], loss_fn(model(x), rows)[0])
 
 
-def test_forward_compiled_in_the_background_serves_the_models_own_layers(request):
+def test_a_background_compile_hands_the_gil_back_sooner_while_it_runs():
+    """The compiling thread runs with the short switch interval, so the training thread waits less for the GIL after
+    each CUDA call and queue read; the interpreter's own interval comes back when the compile ends, failed or not."""
+    from yolov9.train.loss import DetectionLoss
+
+    seen = []
+
+    def recording(gm, example_inputs):
+        seen.append(sys.getswitchinterval())
+        raise RuntimeError("recorded")
+
+    torch._dynamo.reset()
+    before = sys.getswitchinterval()
+    assert before != COMPILE_SWITCH_INTERVAL_S
+    model = DetectionModel("gelan-t", nc=3).train()
+    net = CompiledLoss(DetectionLoss.for_model(model), backend=recording, background=True)
+    net(model(torch.rand(2, 3, 64, 64)), _boxes_in_first_image(5, nc=3))
+    net.start_background()
+    assert net.wait(timeout=120) and "recorded" in net.failure
+    assert seen == [pytest.approx(COMPILE_SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])  # yolov9's layers read split views of earlier layers
+def test_forward_compiled_in_the_background_serves_the_models_own_layers(request, cfg):
     """The forward's layers compile in a thread on a copy of the model while the model trains uncompiled; after the
     takeover the model's own compiled layers run what the thread compiled (dynamo's cache is per code object), with
     no compile on the training thread, and compute what the model computes. Its BatchNorm statistics are the run's
@@ -314,15 +369,20 @@ def test_forward_compiled_in_the_background_serves_the_models_own_layers(request
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = DetectionModel("gelan-t", nc=3).train()
-    runs = []  # calls of compiled graphs
+    model = DetectionModel(cfg, nc=3).train()
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
 
-    def counting(gm, example_inputs):
-        from torch._dynamo.backends.debugging import aot_eager
+    runs, backward_compiles = [], []  # calls of compiled forward graphs; backward graphs compiled
 
-        graph = aot_eager(gm, example_inputs)
-        return lambda *args: runs.append(1) or graph(*args)
+    def forward_graph(gm, example_inputs):
+        return make_boxed_func(lambda *args: runs.append(1) or gm(*args))
 
+    def backward_graph(gm, example_inputs):
+        backward_compiles.append(1)
+        return make_boxed_func(gm)
+
+    counting = aot_autograd(fw_compiler=forward_graph, bw_compiler=backward_graph)
     net = CompiledForward(model, "layers", backend=counting, background=True)
     threads = torch.get_num_threads()
     request.addfinalizer(lambda: torch.set_num_threads(threads))
@@ -345,11 +405,13 @@ def test_forward_compiled_in_the_background_serves_the_models_own_layers(request
     assert net.wait(timeout=300) and net.failure is None and not net.ready  # not taken over by the thread itself
     for b, s in zip(model.buffers(), stats, strict=True):
         torch.testing.assert_close(b, s)  # the copy trained, not the model
-    frames = counters["frames"]["total"]
-    assert frames > 0 and net.take_over() and net.version == 1
+    frames, compiled_backwards = counters["frames"]["total"], len(backward_compiles)
+    assert frames > 0 and compiled_backwards > 0 and net.take_over() and net.version == 1
     runs.clear()
     check()
     assert counters["frames"]["total"] == frames and len(runs) == len(model.model)  # compiled, by the thread
+    sum(t.sum() for t in _outputs(net(x))).backward()
+    assert len(backward_compiles) == compiled_backwards  # the backward too
 
 
 def test_a_failed_background_compile_leaves_the_forward_uncompiled():
