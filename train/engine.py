@@ -66,18 +66,24 @@ class TrainStep:
             ddp_local = isinstance(self.net, nn.parallel.DistributedDataParallel) and not sync
             with self.net.no_sync() if ddp_local else contextlib.nullcontext():
                 out = forward_backward(self.net, imgs, targets, self.loss_fn, self.scaler, self.opts)
-        # a background compile starts once the uncompiled step runs at full speed: after its capture (or once it is
-        # known to run eagerly)
-        g = self.graphed
-        if background and (g is None or g.graph is not None or g.eager_only):
-            for part in background:  # one at a time: each holds COMPILE_LOCK while it compiles
-                part.start_background()
+        self._start_background()
         return out
 
     def step(self) -> torch.Tensor:
         if self.graphed_opt is not None:
-            return self.graphed_opt()
+            out = self.graphed_opt()
+            self._start_background()
+            return out
         return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)
+
+    def _start_background(self) -> None:
+        """Start the background compiles once the uncompiled step runs at full speed: once its micro-batch and its
+        optimizer step are captured (or known to run eagerly). A capture waits for a running compile, so an
+        optimizer step not yet captured (the warm-up's momentum ramp) would run eagerly for the whole compile."""
+        g, o = self.graphed, self.graphed_opt
+        if (g is None or g.graph is not None or g.eager_only) and (o is None or o.graph is not None):
+            for part in self.background:  # one at a time: each holds COMPILE_LOCK while it compiles
+                part.start_background()
 
 
 def step_module(model: nn.Module, opts: StepOptions, ctx: DistContext) -> nn.Module:

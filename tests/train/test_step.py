@@ -368,6 +368,7 @@ def _compare_micro_batches(opts: StepOptions, wait_after: int | None = None):
     scaler, loss_fn = make_scaler(dev, None), DetectionLoss.for_model(eager)
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     step = TrainStep(model, compiled(model, opts.compile, opts.compile_background), loss_fn, opt, scaler, None, opts)
+    step.graphed_opt = None  # micro-batches only: no optimizer step to capture before a background compile starts
     data = _Batches(16, _PLAN)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, pin_memory=True)
     for i, (imgs, targets) in enumerate(loader):
