@@ -190,8 +190,9 @@ class TrainConfig:
         "uncompiled (captured, so the thread takes little from them) and the compiled step takes over when ready, "
         "so the first step does not wait for the compile (the loss alone: cold start to the first step about 50 s "
         "instead of 111 s on an H200). Off by default: the epochs beside the compiling thread run slower, and "
-        "gelan-s's layers compiled this way from an empty cache had not taken over after 22 epochs of 4,096 images "
-        "(340 s on an H100), while yolov9-s's compiled before the first step in 240 s on an H200 (docs/benchmarks.md)",
+        "gelan-s's layers compiled this way from an empty cache had not taken over after 40 epochs of 4,096 images "
+        "(400 s on an H100; inductor's autotuning waits for the whole GPU), while yolov9-s's compiled before the "
+        "first step in 240 s on an H200 (docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
