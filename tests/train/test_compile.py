@@ -364,15 +364,14 @@ def test_forward_compiled_in_the_background_serves_the_models_own_layers(request
     takeover the model's own compiled layers run what the thread compiled (dynamo's cache is per code object), with
     no compile on the training thread, and compute what the model computes. Its BatchNorm statistics are the run's
     alone: the copy's forward does not touch them."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     model = DetectionModel(cfg, nc=3).train()
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
     runs, backward_compiles = [], []  # calls of compiled forward graphs; backward graphs compiled
 
     def forward_graph(gm, example_inputs):
