@@ -3,6 +3,8 @@ torch device string ('cuda:1')."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from yolov9.core.errors import BadInput, Unavailable
@@ -32,6 +34,14 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def synchronized_time(device: torch.device) -> float:
+    """time.perf_counter() once the work queued on `device` has run: CUDA kernels run after their launch returns,
+    so a clock read without waiting times only the launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def to_host(t: torch.Tensor, wait: str) -> torch.Tensor:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from yolov9.core.checkpoint import load_model
+from yolov9.core.device import synchronized_time
 from yolov9.core.errors import BadInput, Unavailable
 from yolov9.core.profiling import profile_calls
 from yolov9.export.aoti import AOTIEngine
@@ -64,14 +65,10 @@ def seconds_per_call(fn, arg, warmup: int, iters: int, device: torch.device) -> 
     """Mean wall time of fn(arg) after `warmup` untimed calls; CUDA work is waited for at both ends."""
     for _ in range(warmup):
         fn(arg)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
+    t = synchronized_time(device)
     for _ in range(iters):
         fn(arg)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters
+    return (synchronized_time(device) - t) / iters
 
 
 def bench_engines(args: BenchEngineConfig) -> list[dict]:

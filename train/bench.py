@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from yolov9.core.device import synchronized_time
 from yolov9.core.errors import Unavailable
 from yolov9.core.model import DetectionModel
 from yolov9.core.profiling import profile_calls
@@ -147,21 +148,15 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
     try:
         t_warm = time.perf_counter()
         step()  # the first step captures and compiles: timed on its own, from the model's build
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        first_step_s = time.perf_counter() - t_build
+        first_step_s = synchronized_time(dev) - t_build
         for _ in range(args.warmup - 1):
             step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        warmup_s = time.perf_counter() - t_warm
+        warmup_s = synchronized_time(dev) - t_warm
         t0, wait = time.perf_counter(), 0.0
         sampler.start()
         for _ in range(args.steps):
             step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        el = float(distributed.mean(ctx, torch.tensor(time.perf_counter() - t0, device=dev)))
+        el = float(distributed.mean(ctx, torch.tensor(synchronized_time(dev) - t0, device=dev)))
         sampler.stop.set()
         ips = args.steps * args.batch * ctx.world / el
         gflop = training_gflop_per_image(model, args.img, dev)

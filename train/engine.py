@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from yolov9.core.device import synchronized_time
 from yolov9.train import distributed
 from yolov9.train.compiled import BackgroundCompile, compiled, compiled_loss
 from yolov9.train.config import Hyp
@@ -202,9 +203,7 @@ def _first_step(device: torch.device, monitor: GpuMonitor, t_epoch: float, t_wai
     which waiting for the batch and each part's host seconds (cuDNN's timing, capture and compilation block the
     host, kernels do not; the GPU's share is the wait at the end), and on a GPU what was allocated up to then."""
     t_launched = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    now = time.perf_counter()
+    now = synchronized_time(device)
     row = {
         "first_step_s": now - t_epoch,
         "first_batch_s": t_wait,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from yolov9.core.device import synchronized_time
 from yolov9.train.config import LossGains
 from yolov9.train.data.targets import pad_to, target_capacity
 from yolov9.train.ema import ModelEMA
@@ -93,9 +94,7 @@ def prewarm(
 
     def lap(name: str) -> None:
         nonlocal t
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        now = time.perf_counter()
+        now = synchronized_time(device)
         parts[name] = round(now - t, 3)
         t = now
 

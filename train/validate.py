@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
 from yolov9.core.boxes import xywh2xyxy
+from yolov9.core.device import synchronized_time
 from yolov9.core.errors import BadInput
 from yolov9.core.modules import raw_outputs
 from yolov9.core.postprocess import main_head, per_image, postprocess_flat
@@ -159,7 +160,7 @@ def evaluate(
         else:
             pred = predict(x)
         p = protocol
-        t_nms = _after_the_gpu(device)  # the forward's kernels done: what follows is NMS and the copy back
+        t_nms = synchronized_time(device)  # the forward's kernels done: what follows is NMS and the copy back
         flat = postprocess_flat(
             main_head(pred).float(), batch.metas, p.conf, p.iou, p.max_det, multi_label=p.multi_label
         )
@@ -186,13 +187,6 @@ def evaluate(
             "sample": sample,
         }
     return res
-
-
-def _after_the_gpu(device: torch.device) -> float:
-    """time.perf_counter() once the device's queued kernels have run."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _pixel_labels(ds: DetectionDataset, i: int, hw: tuple[int, int]) -> torch.Tensor:
