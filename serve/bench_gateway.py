@@ -18,10 +18,11 @@ from pathlib import Path
 import psutil
 
 from yolov9.core.paths import PACKAGE_ROOT
+from yolov9.core.processes import ManagedProcess
 from yolov9.serve.config import BenchGatewayConfig
 from yolov9.serve.gateway.process import GatewayProcess
 from yolov9.serve.loadtest import Step, load_images, run_step
-from yolov9.serve.processes import ManagedProcess, free_port
+from yolov9.serve.processes import free_port
 
 
 class StubTritonProcess(ManagedProcess):

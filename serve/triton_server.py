@@ -22,8 +22,9 @@ from pathlib import Path
 
 from yolov9.core.errors import Unavailable
 from yolov9.core.paths import PACKAGE_ROOT
+from yolov9.core.processes import ManagedProcess
 from yolov9.serve.mps import MpsDaemon
-from yolov9.serve.processes import ManagedProcess, require_free_ports
+from yolov9.serve.processes import require_free_ports
 
 
 class TritonError(Unavailable):

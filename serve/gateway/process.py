@@ -13,7 +13,7 @@ from pathlib import Path
 
 from yolov9.core.errors import Unavailable
 from yolov9.core.paths import PACKAGE_ROOT
-from yolov9.serve.processes import ManagedProcess
+from yolov9.core.processes import ManagedProcess
 
 
 class GatewayProcess(ManagedProcess):

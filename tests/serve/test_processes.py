@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from yolov9.serve.processes import ManagedProcess
+from yolov9.core.processes import ManagedProcess
 
 # a child that ignores the stop signal (as a Triton model's stub can outlive the server) and writes its pid, under
 # a leader that exits at the stop signal
