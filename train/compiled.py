@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from yolov9.core.model import DetectionModel, run_layers
+from yolov9.train.cache_fill import CacheFill, tensor_like, tensor_meta
 from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
 from yolov9.train.loss import DetectionLoss
 
@@ -94,14 +95,19 @@ class BackgroundCompile:
     `background`, calls run uncompiled and keep a copy of the first call's inputs (`_example`) until
     `start_background()` (after the first steps) has compiled in a thread on that copy (forward and backward, so
     nothing is left to compile at the first compiled call) and `take_over()` (between steps) has switched to the
-    compiled version; `version` then changes, which tells a captured step to capture again."""
+    compiled version; `version` then changes, which tells a captured step to capture again. With inductor
+    (`fill_first`), a second process (`CacheFill`) compiles the part first, from the first call on, and the thread
+    then compiles it from inductor's caches."""
 
-    def _init_background(self, background: bool) -> None:
-        self.background, self.version = background, 0
+    def _init_background(self, background: bool, backend: str) -> None:
+        self.background, self.version, self.backend = background, 0, backend
         self._example: tuple | None = None  # the first call's inputs, for a background compile
         self._thread: threading.Thread | None = None
         self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the part then stays uncompiled)
+        self.fill_first = background and backend == "inductor"  # the other backends keep no caches to fill
+        self.fill: CacheFill | None = None
+        self._stopped = False
 
     @property
     def ready(self) -> bool:
@@ -118,6 +124,17 @@ class BackgroundCompile:
             self._thread = threading.Thread(target=self._compile, args=(threads,), name=name, daemon=True)
             self._thread.start()
 
+    def _keep_example(self, example: tuple) -> None:
+        self._example = example
+        if self.fill_first:
+            self.fill = CacheFill(self.cache_spec())
+
+    def stop(self) -> None:
+        """End a compile still running in the second process (the run is over): the thread then compiles nothing."""
+        self._stopped = True
+        if self.fill is not None:
+            self.fill.stop()
+
     def take_over(self) -> bool:
         """Switch to what a finished background compile left; call between steps, never inside a capture (the
         thread itself does not switch: it could land in the middle of one). Returns `ready`."""
@@ -132,6 +149,11 @@ class BackgroundCompile:
         return self._thread is None or not self._thread.is_alive()
 
     def _compile(self, threads: int) -> None:
+        if self.fill is not None:  # waits outside COMPILE_LOCK: the step's captures go on meanwhile
+            failure = self.fill.wait()
+            if failure or self._stopped:  # what failed there would fail here too, and hold the training's lock
+                self.failure, self._example = failure and f"in a second process: {failure}", None
+                return
         device = self._example_device()
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with COMPILE_LOCK, _switch_interval(COMPILE_SWITCH_INTERVAL_S):
@@ -146,7 +168,7 @@ class BackgroundCompile:
                     torch.cuda.empty_cache()  # the copy's blocks, cached for this thread's stream alone
                 self._compiled = True
             except Exception as e:  # the run goes on uncompiled
-                self.failure = _first_cause(e)
+                self.failure = first_cause(e)
             finally:
                 self._example = None
 
@@ -156,6 +178,29 @@ class BackgroundCompile:
     def _compile_example(self) -> None:
         """Run the compiled version forward and backward on copies of `_example` (in the compiling thread)."""
         raise NotImplementedError
+
+    def cache_spec(self) -> dict:
+        """What the second process rebuilds this part and its `_example` from (`from_cache_spec`): plain values and
+        CPU tensors, which torch.load(weights_only=True) reads."""
+        device = self._example_device()
+        return {"part": type(self).__name__, "backend": self.backend, "device": str(device),
+                "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def fill_caches(spec: dict, device: torch.device) -> dict:
+    """In the second process (cache_fill.py): compile the part `spec` describes, forward and backward, as the thread
+    would; its kernels and their autotuning stay in inductor's caches. Returns torch.compile's counts."""
+    from torch._dynamo.utils import counters
+
+    torch.set_num_threads(spec["threads"])  # dynamo guards on it
+    parts = {cls.__name__: cls for cls in (CompiledForward, CompiledLoss)}
+    if spec.get("part") not in parts:
+        raise ValueError(f"no compiled part named {spec.get('part')!r}")
+    part = parts[spec["part"]].from_cache_spec(spec, device)
+    part._compile_example()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return {**cache_counts(), "graphs": counters["stats"]["unique_graphs"]}
 
 
 class CompiledForward(BackgroundCompile, nn.Module):
@@ -172,11 +217,11 @@ class CompiledForward(BackgroundCompile, nn.Module):
         if mode not in FORWARD_MODES:
             raise ValueError(f"compile mode {mode!r}: choose {', '.join(FORWARD_MODES)}")
         _configure()
-        self.model, self.mode, self.backend = model, mode, backend
+        self._init_background(background, backend)
+        self.model, self.mode = model, mode
         # plain attributes, not submodules: the parameters are registered once, through self.model
         self.__dict__["_calls"] = self._compiled_calls(model)
         self.key: tuple | None = None  # the one input signature that runs compiled
-        self._init_background(background)
 
     def _compiled_calls(self, model: DetectionModel):
         if self.mode == "layers":
@@ -196,7 +241,7 @@ class CompiledForward(BackgroundCompile, nn.Module):
             if self._example is None:  # the input and the autocast it runs under, which dynamo guards on
                 dev = x.device.type
                 amp = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled())
-                self._example = (x.detach().clone(), amp)
+                self._keep_example((x.detach().clone(), amp))
             return self.model(x)
         return self._run(self.model, self.__dict__["_calls"], x)
 
@@ -210,6 +255,23 @@ class CompiledForward(BackgroundCompile, nn.Module):
             out = self._run(twin, self._compiled_calls(twin), x.clone())  # as the step's input: no gradient
         sum(t.float().sum() for t in _tensors(out)).backward()
 
+    def cache_spec(self) -> dict:
+        x, (enabled, dtype, cache) = self._example
+        weights = [p for p in self.model.parameters() if p.dim() == 4]
+        channels_last = all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+        return {**super().cache_spec(), "cfg": self.model.cfg, "mode": self.mode, "channels_last": channels_last,
+                "input": tensor_meta(x), "autocast": [enabled, str(dtype).removeprefix("torch."), cache]}  # fmt: skip
+
+    @classmethod
+    def from_cache_spec(cls, spec: dict, device: torch.device) -> CompiledForward:
+        model = DetectionModel(spec["cfg"]).to(device).train()
+        if spec["channels_last"]:
+            model = model.to(memory_format=torch.channels_last)
+        part = cls(model, spec["mode"], spec["backend"])
+        enabled, dtype, cache = spec["autocast"]
+        part._example = (tensor_like(spec["input"], device), (enabled, getattr(torch, dtype), cache))
+        return part
+
 
 def _tensors(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _tensors(o)]
@@ -222,10 +284,10 @@ class CompiledLoss(BackgroundCompile):
 
     def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False):
         _configure()
+        self._init_background(background, backend)
         self.loss = loss
         self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
         self.key: tuple | None = None  # the prediction shapes that run compiled
-        self._init_background(background)
 
     def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
         heads = self.loss.heads(preds)
@@ -238,7 +300,7 @@ class CompiledLoss(BackgroundCompile):
         gt = pad_to(gt, target_capacity(gt.shape[1]))
         if not self.ready:
             if self._example is None:
-                self._example = ([[f.detach().clone() for f in feats] for feats in heads], gt.clone())
+                self._keep_example(([[f.detach().clone() for f in feats] for feats in heads], gt.clone()))
             return self.loss(heads, gt, padded=True)
         torch._dynamo.mark_dynamic(gt, 1)  # the box count is symbolic: one compile serves every capacity of a run
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
@@ -252,8 +314,19 @@ class CompiledLoss(BackgroundCompile):
         torch._dynamo.mark_dynamic(gt, 1)
         self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
 
+    def cache_spec(self) -> dict:
+        heads, gt = self._example
+        return {**super().cache_spec(), "loss": self.loss.settings(), "gt": gt.cpu(),
+                "heads": [[tensor_meta(f) for f in feats] for feats in heads]}  # fmt: skip
 
-def _first_cause(e: BaseException) -> str:
+    @classmethod
+    def from_cache_spec(cls, spec: dict, device: torch.device) -> CompiledLoss:
+        part = cls(DetectionLoss.from_settings(spec["loss"]), spec["backend"])
+        part._example = ([[tensor_like(m, device) for m in feats] for feats in spec["heads"]], spec["gt"].to(device))
+        return part
+
+
+def first_cause(e: BaseException) -> str:
     """The innermost cause of an error in one line (torch.compile wraps a backend's error in its own)."""
     while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None:
         e = inner

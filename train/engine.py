@@ -77,6 +77,11 @@ class TrainStep:
             return out
         return optimizer_step(self.model, self.optimizer, self.scaler, self.ema, self.opts.clip)
 
+    def close(self) -> None:
+        """Stop what still compiles for this step in a second process (the run ends)."""
+        for part in self.background:
+            part.stop()
+
     def _start_background(self) -> None:
         """Start the background compiles once the uncompiled step runs at full speed: once its micro-batch and its
         optimizer step are captured (or known to run eagerly). A capture waits for a running compile, so an

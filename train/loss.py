@@ -7,6 +7,8 @@ official code takes on data-dependent conditions are computed unconditionally wi
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -148,6 +150,17 @@ class DetectionLoss:
         head = model.head
         weights = (1.0,) if head.groups == 1 else DUAL_HEAD_WEIGHTS
         return cls(head.nc, head.stride, head.reg_max, weights, gains=gains)
+
+    def settings(self) -> dict:
+        """Plain values that rebuild this loss elsewhere (`from_settings`, in the process filling compile caches)."""
+        return {"nc": self.nc, "strides": self.strides.tolist(), "reg_max": self.reg_max,
+                "head_weights": list(self.head_weights), "gains": dataclasses.asdict(self.gains),
+                "assigner": dict(vars(self.assigner))}  # fmt: skip
+
+    @classmethod
+    def from_settings(cls, s: dict) -> DetectionLoss:
+        return cls(s["nc"], torch.tensor(s["strides"]), s["reg_max"], tuple(s["head_weights"]), LossGains(**s["gains"]),
+                   TaskAlignedAssigner(**s["assigner"]))  # fmt: skip
 
     def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
         """preds: the model's training output (list of level maps, or list of such lists per head).

@@ -416,6 +416,7 @@ class Trainer:
                 distributed.barrier(self.dist)  # the others wait for rank 0's validation and checkpoint
                 epoch += 1
         finally:
+            self.step.close()
             self.writer.close()
             close_batches(running)
             for failure in self.plots.close():

@@ -1,0 +1,128 @@
+"""A background compile's second process (train/cache_fill.py): it rebuilds the part from its spec, compiles it as
+the thread would, and hands back counts or a one-line reason; the thread compiles only after it, and nothing after a
+failure or a stop. On the CPU the parts trace with dynamo's 'eager' backend (inductor's C++ compile of a model takes
+minutes on two cores), with `fill_first` set as inductor sets it; the GPU test with inductor's caches is in
+test_step.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yolov9.core.model import DetectionModel
+from yolov9.train.cache_fill import tensor_like, tensor_meta
+from yolov9.train.compiled import CompiledForward, CompiledLoss
+from yolov9.train.loss import DetectionLoss
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _outputs(o)]
+
+
+def _rows(boxes: int, nc: int) -> torch.Tensor:
+    """(image, class, x, y, w, h) rows for the first image of a batch."""
+    g = torch.Generator().manual_seed(boxes)
+    xy, wh = torch.rand(boxes, 2, generator=g) * 0.6 + 0.2, torch.rand(boxes, 2, generator=g) * 0.2 + 0.05
+    return torch.cat((torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1), generator=g).float(), xy, wh), 1)
+
+
+def _filling(part):
+    part.fill_first = True  # as with inductor
+    return part
+
+
+def test_a_tensors_meta_rebuilds_its_shape_strides_and_dtype():
+    x = torch.rand(2, 3, 8, 8).contiguous(memory_format=torch.channels_last).half()
+    y = tensor_like(tensor_meta(x), torch.device("cpu"))
+    assert (y.shape, y.stride(), y.dtype) == (x.shape, x.stride(), x.dtype) and torch.isfinite(y).all()
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        tensor_like({**tensor_meta(x), "dtype": "Tensor"}, torch.device("cpu"))
+
+
+def test_a_parts_spec_rebuilds_the_same_model_input_and_loss():
+    """What the second process compiles is what the thread would: the same layers and parameter layouts, the same
+    input's shape, strides, dtype and autocast, and a loss that computes the same values."""
+    model = DetectionModel("yolov9-t", nc=3).train().to(memory_format=torch.channels_last)
+    net = CompiledForward(model, "layers", backend="eager", background=True)
+    x = torch.rand(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cpu", torch.bfloat16):
+        preds = net(x)
+    twin = CompiledForward.from_cache_spec(net.cache_spec(), torch.device("cpu"))
+    theirs, ours = dict(twin.model.named_parameters()), dict(model.named_parameters())
+    assert theirs.keys() == ours.keys()
+    assert all((theirs[k].shape, theirs[k].stride()) == (p.shape, p.stride()) for k, p in ours.items())
+    (tx, tamp), (ox, oamp) = twin._example, net._example
+    assert (tx.shape, tx.stride(), tx.dtype) == (ox.shape, ox.stride(), ox.dtype)
+    assert tamp == oamp == (True, torch.bfloat16, True)
+
+    loss_fn = DetectionLoss.for_model(model)
+    loss = CompiledLoss(loss_fn, backend="eager", background=True)
+    loss(preds, _rows(4, nc=3))
+    twin_loss = CompiledLoss.from_cache_spec(loss.cache_spec(), torch.device("cpu"))
+    (theads, tgt), (oheads, ogt) = twin_loss._example, loss._example
+    assert [[(f.shape, f.stride(), f.dtype) for f in h] for h in theads] == [
+        [(f.shape, f.stride(), f.dtype) for f in h] for h in oheads
+    ]
+    torch.testing.assert_close(tgt, ogt)
+    for a, b in zip(twin_loss.loss(oheads, ogt, padded=True), loss_fn(oheads, ogt, padded=True), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_forward_compiles_in_a_second_process_then_in_the_thread():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = DetectionModel("gelan-t", nc=3).train()
+    net = _filling(CompiledForward(model, "layers", backend="eager", background=True))
+    x = torch.rand(2, 3, 64, 64)
+    net(x)  # the first call starts the second process
+    assert net.fill is not None and counters["frames"]["total"] == 0
+    net.start_background()
+    assert net.wait(timeout=300) and net.failure is None
+    assert net.fill.report["graphs"] == len(model.model)  # every layer, compiled there
+    assert counters["frames"]["total"] > 0 and net.take_over()  # then here
+    model.eval()
+    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
+
+
+def test_the_loss_compiles_in_a_second_process_then_in_the_thread():
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = _filling(CompiledLoss(loss_fn, backend="eager", background=True))
+    preds = model(torch.rand(2, 3, 64, 64))
+    net(preds, _rows(5, nc=3))
+    net.start_background()
+    assert net.wait(timeout=300) and net.failure is None and net.fill.report["graphs"] == 1 and net.take_over()
+    torch.testing.assert_close(net(preds, _rows(5, nc=3))[0], loss_fn(preds, _rows(5, nc=3))[0])
+
+
+def test_a_compile_that_fails_in_the_second_process_leaves_the_part_uncompiled_with_the_reason():
+    """What failed there would fail in the thread as well: the thread does not try, and the run goes on eagerly."""
+    model = DetectionModel("gelan-t", nc=3).train()
+    model.cfg = {**model.cfg, "backbone": [[-1, 1, "NoSuchBlock", [16]]]}  # what the second process rebuilds
+    net = _filling(CompiledForward(model, "layers", backend="eager", background=True))
+    x = torch.rand(2, 3, 64, 64)
+    net(x)
+    net.start_background()
+    assert net.wait(timeout=300) and not net.take_over()
+    assert net.failure.startswith("in a second process: ") and "NoSuchBlock" in net.failure
+    assert "\n" not in net.failure
+    model.eval()
+    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
+
+
+def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = DetectionModel("gelan-t", nc=3).train()
+    net = _filling(CompiledForward(model, "layers", backend="eager", background=True))
+    net(torch.rand(2, 3, 64, 64))
+    fill = net.fill
+    net.stop()  # the run ended
+    assert not fill.running() and not fill._dir.exists()
+    net.start_background()
+    assert net.wait(timeout=60) and not net.take_over() and "stopped" in net.failure
+    assert counters["frames"]["total"] == 0
