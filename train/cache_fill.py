@@ -29,6 +29,7 @@ class CacheFill(ManagedProcess):
     def __init__(self, spec: dict):
         super().__init__()
         self.report: dict | None = None
+        self.stopped = False
         self._dir = Path(tempfile.mkdtemp(prefix="yolov9-compile-"))
         torch.save(spec, self._dir / "spec.pt")
         with open(self._dir / "log.txt", "wb") as log:
@@ -39,6 +40,8 @@ class CacheFill(ManagedProcess):
 
     def wait(self) -> str | None:
         code = self.proc.wait()
+        if self.stopped:  # its log may be gone already
+            return "the compiling process was stopped"
         lines = [line.strip() for line in _read(self._dir / "log.txt").splitlines() if line.strip()]
         shutil.rmtree(self._dir, ignore_errors=True)
         if code == 0 and lines:
@@ -46,10 +49,11 @@ class CacheFill(ManagedProcess):
                 self.report = json.loads(lines[-1])
                 return None
         if code < 0:
-            return f"the compiling process was stopped (signal {-code})"
+            return f"the compiling process was killed (signal {-code})"
         return lines[-1] if lines else f"the compiling process exited with code {code} and said nothing"
 
     def stop(self) -> None:
+        self.stopped = True
         super().stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -126,3 +126,28 @@ def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
     net.start_background()
     assert net.wait(timeout=60) and not net.take_over() and "stopped" in net.failure
     assert counters["frames"]["total"] == 0
+
+
+def test_with_inductor_the_thread_finds_what_the_second_process_compiled_in_the_cache(monkeypatch, tmp_path):
+    """Inductor's own compile (C++ on the CPU): the second process compiles the loss into an empty cache (misses);
+    the thread's compile of the same loss then misses nothing, and the compiled loss computes the loss."""
+    from torch._dynamo.utils import counters
+
+    from yolov9.train.compiled import cache_counts
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    counters.clear()
+    model = DetectionModel("gelan-t", nc=3).train()
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, background=True)
+    assert net.fill_first  # inductor's path
+    preds = model(torch.rand(2, 3, 64, 64))
+    net(preds, _rows(5, nc=3))
+    net.start_background()
+    assert net.wait(timeout=900) and net.failure is None, net.failure
+    assert net.fill.report["compile_cache_misses"] > 0
+    counts = cache_counts()
+    assert counts["compile_cache_misses"] == 0 and counts["compile_cache_hits"] > 0, counts
+    assert net.take_over()
+    torch.testing.assert_close(net(preds, _rows(5, nc=3))[0], loss_fn(preds, _rows(5, nc=3))[0], rtol=1e-4, atol=1e-4)

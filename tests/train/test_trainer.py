@@ -471,10 +471,10 @@ def test_a_bug_keeps_its_traceback_and_a_mistake_is_one_line(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_a_loss_compiled_in_the_background_takes_over_within_the_run(subset, tmp_path, monkeypatch):
-    """--compile loss --compile-background with inductor's own compile (C++ on the CPU): training starts with the
-    uncompiled loss, each row says whether the compiled one has taken over, and the compile ends in a compiled
-    loss (waited for here: on two cores it may outlast the short run)."""
+def test_a_background_compile_still_running_when_the_run_ends_ends_with_it(subset, tmp_path, monkeypatch):
+    """--compile loss --compile-background with inductor's own compile (C++ on the CPU, in a second process):
+    training starts with the uncompiled loss, each row says whether the compiled one has taken over, and a compile
+    still running when the run ends is stopped with it (no process outlives the command)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     trainer = Trainer(_cfg(subset, tmp_path, epochs=3, name="bg", compile="loss", compile_background=True))
     summary = trainer.fit()
@@ -482,7 +482,8 @@ def test_a_loss_compiled_in_the_background_takes_over_within_the_run(subset, tmp
     assert [r["loss_compiled"] for r in rows] == sorted(r["loss_compiled"] for r in rows)  # once on, it stays on
     assert rows[0]["loss_compiled"] is False  # the first epoch did not wait for the compile
     loss = trainer.step.loss_fn
-    assert loss.wait(timeout=600) and loss.failure is None and loss.take_over()
+    assert loss.fill is not None and not loss.fill.running()
+    assert loss.wait(timeout=60) and (loss.take_over() or "stopped" in loss.failure), loss.failure
 
 
 def test_training_allocates_in_expandable_segments_unless_the_user_chose(monkeypatch):
