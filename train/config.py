@@ -185,14 +185,16 @@ class TrainConfig:
     )
     compile_background: bool = option(
         False,
-        "compile in a background thread: the loss, and with --compile layers or model the forward too (on a copy "
-        "of the model, whose step takes about as much GPU memory again while it compiles). The first steps train "
-        "uncompiled (captured, so the thread takes little from them) and the compiled step takes over when ready, "
-        "so the first step does not wait for the compile (the loss alone: cold start to the first step about 50 s "
-        "instead of 111 s on an H200). Off by default: the epochs beside the compiling thread run slower, and "
-        "gelan-s's layers compiled this way from an empty cache had not taken over after 40 epochs of 4,096 images "
-        "(400 s on an H100; inductor's autotuning waits for the whole GPU), while yolov9-s's compiled before the "
-        "first step in 240 s on an H200 (docs/benchmarks.md)",
+        "compile in the background: the loss, and with --compile layers or model the forward too. The first steps "
+        "train uncompiled (captured) and the compiled step takes over when ready, so the first step does not wait "
+        "for the compile. With inductor each part compiles first in a second process at a lower priority (its own "
+        "CUDA context and GIL, at most the GPU memory free when it starts less 10%%), which fills inductor's cache; "
+        "a thread on a copy of the model (about as much GPU memory again as the step while it runs) then compiles "
+        "from that cache. A failure in the second process leaves the part uncompiled, and a compile still running "
+        "when the run ends stops with it. Off by default: on an H100 a second process compiling gelan-s beside a "
+        "run slowed it by 8%% and the thread's compile from the cache it filled took 80 s at no cost, but a cold "
+        "compile there took over 330 s and the whole path has not yet run inside one run on a GPU "
+        "(docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)
