@@ -188,8 +188,8 @@ class BackgroundCompile:
 
 
 def fill_caches(spec: dict, device: torch.device) -> dict:
-    """In the second process (cache_fill.py): compile the part `spec` describes, forward and backward, as the thread
-    would; its kernels and their autotuning stay in inductor's caches. Returns torch.compile's counts."""
+    """In the second process (cache_fill_worker.py): compile the part `spec` describes, forward and backward, as the
+    thread would; its kernels and their autotuning stay in inductor's caches. Returns torch.compile's counts."""
     from torch._dynamo.utils import counters
 
     torch.set_num_threads(spec["threads"])  # dynamo guards on it

@@ -151,3 +151,40 @@ def test_with_inductor_the_thread_finds_what_the_second_process_compiled_in_the_
     assert counts["compile_cache_misses"] == 0 and counts["compile_cache_hits"] > 0, counts
     assert net.take_over()
     torch.testing.assert_close(net(preds, _rows(5, nc=3))[0], loss_fn(preds, _rows(5, nc=3))[0], rtol=1e-4, atol=1e-4)
+
+
+_ORPHANING_PARENT = """
+import os, sys, torch
+from yolov9.core.model import DetectionModel
+from yolov9.train.compiled import CompiledForward
+net = CompiledForward(DetectionModel("yolov9-c", nc=3).train(), "layers", backend="eager", background=True)
+net.fill_first = True
+net(torch.rand(1, 3, 64, 64))
+print(net.fill.proc.pid, flush=True)
+os._exit(0)  # killed, as it were: nothing stops the compile
+"""
+
+
+def test_the_second_process_ends_when_the_training_process_dies_without_stopping_it():
+    import subprocess
+    import sys
+    import time
+
+    out = subprocess.run([sys.executable, "-c", _ORPHANING_PARENT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 20  # its own compile would run on for 30-40 s (measured on two cores)
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for init to reap it
+        return f.read().split(") ", 1)[1][0] != "Z"
