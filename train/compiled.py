@@ -114,6 +114,11 @@ class BackgroundCompile:
         """Whether calls of the compiled shapes run compiled."""
         return not self.background or self.version > 0
 
+    @property
+    def filled(self) -> bool | None:
+        """Whether the second process has ended (None without one)."""
+        return None if self.fill is None else not self.fill.running()
+
     def start_background(self) -> None:
         """Compile in a thread now (once; a no-op unless `background` and a call of the compiled shapes came)."""
         if self.background and self._thread is None and self._example is not None:

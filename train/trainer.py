@@ -435,11 +435,12 @@ class Trainer:
 
     def _background_compile(self, row: dict) -> None:
         """With --compile-background: whether the compiled forward and loss have taken over (and torch.compile's
-        counts so far), and once each, why its compile failed."""
+        counts so far), whether their second processes have ended, and once each, why its compile failed."""
         parts = {("forward" if isinstance(p, CompiledForward) else "loss"): p for p in self.step.background}
         if not parts:
             return
         row.update({f"{name}_compiled": p.ready for name, p in parts.items()}, **cache_counts())
+        row.update({f"{name}_cache_filled": p.filled for name, p in parts.items() if p.fill is not None})
         noted = self.__dict__.setdefault("_failures_noted", set())
         for name, p in parts.items():
             if p.failure and self.main and name not in noted:

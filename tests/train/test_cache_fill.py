@@ -75,12 +75,13 @@ def test_the_forward_compiles_in_a_second_process_then_in_the_thread():
     counters.clear()
     model = DetectionModel("gelan-t", nc=3).train()
     net = _filling(CompiledForward(model, "layers", backend="eager", background=True))
+    assert net.filled is None
     x = torch.rand(2, 3, 64, 64)
     net(x)  # the first call starts the second process
     assert net.fill is not None and counters["frames"]["total"] == 0
     net.start_background()
     assert net.wait(timeout=300) and net.failure is None
-    assert net.fill.report["graphs"] == len(model.model)  # every layer, compiled there
+    assert net.fill.report["graphs"] == len(model.model) and net.filled  # every layer, compiled there
     assert counters["frames"]["total"] > 0 and net.take_over()  # then here
     model.eval()
     torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
