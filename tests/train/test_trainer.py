@@ -17,11 +17,13 @@ from yolov9.train.trainer import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")
-def subset(tiny_subset) -> Path:
-    """The shared 16-image coco48 subset, through a dataset YAML with names of its own."""
-    yaml_path = tiny_subset / "data.yaml"
+def subset(tiny_subset, tmp_path_factory) -> Path:
+    """The shared 16-image coco48 subset, through a dataset YAML with names of its own, written beside the test
+    rather than into the shared folder: there it would rename the classes of every later run on that folder
+    (`trained_tiny`'s, when that fixture is first needed after these tests)."""
+    yaml_path = tmp_path_factory.mktemp("subset") / "data.yaml"
     names = ", ".join(f"c{i}" for i in range(80))
-    yaml_path.write_text(f"path: .\ntrain: images\nval: images\nnames: [{names}]\n")
+    yaml_path.write_text(f"path: {tiny_subset}\ntrain: images\nval: images\nnames: [{names}]\n")
     return yaml_path
 
 
@@ -481,6 +483,7 @@ def test_a_background_compile_still_running_when_the_run_ends_ends_with_it(subse
     rows = _rows(summary["run_dir"])
     assert [r["loss_compiled"] for r in rows] == sorted(r["loss_compiled"] for r in rows)  # once on, it stays on
     assert rows[0]["loss_compiled"] is False  # the first epoch did not wait for the compile
+    assert all(isinstance(r["loss_cache_filled"], bool) for r in rows)  # inductor's cache filled by a second process
     loss = trainer.step.loss_fn
     assert loss.fill is not None and not loss.fill.running()
     assert loss.wait(timeout=60) and (loss.take_over() or "stopped" in loss.failure), loss.failure
