@@ -92,6 +92,28 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def outputs(out) -> list[torch.Tensor]:
+    """A model's output (a tensor, or nested lists of them) as a flat list."""
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in outputs(o)]
+
+
+def boxes_in_first_image(boxes: int, nc: int) -> torch.Tensor:
+    """(boxes, 6) target rows (image 0, class, xywh) with every box in the first image, so the padded count grows."""
+    return torch.cat([torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1)), torch.rand(boxes, 2) * 0.6 + 0.2,
+                      torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs; a zombie is gone for every purpose here (it waits only for init to reap
+    it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1][0] != "Z"
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 
 

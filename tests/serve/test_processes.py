@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
+from tests.conftest import alive
 from yolov9.core.processes import ManagedProcess
 
 # a child that ignores the stop signal (as a Triton model's stub can outlive the server) and writes its pid, under
@@ -29,16 +29,6 @@ class _Server(ManagedProcess):
         return self
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for every purpose here; it waits only for its parent (init) to reap it
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][0] != "Z"
-
-
 def test_stop_leaves_no_process_of_the_group_behind(tmp_path):
     pid_file = tmp_path / "child.pid"
     server = _Server().start(pid_file)
@@ -50,6 +40,6 @@ def test_stop_leaves_no_process_of_the_group_behind(tmp_path):
     server.stop()
     assert not server.running()
     deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child), "the child that ignored the stop signal outlived stop()"
+    assert not alive(child), "the child that ignored the stop signal outlived stop()"

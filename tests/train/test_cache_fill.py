@@ -9,21 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import alive, boxes_in_first_image, outputs
 from yolov9.core.model import DetectionModel
 from yolov9.train.cache_fill import tensor_like, tensor_meta
 from yolov9.train.compiled import CompiledForward, CompiledLoss
 from yolov9.train.loss import DetectionLoss
-
-
-def _outputs(out) -> list[torch.Tensor]:
-    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _outputs(o)]
-
-
-def _rows(boxes: int, nc: int) -> torch.Tensor:
-    """(image, class, x, y, w, h) rows for the first image of a batch."""
-    g = torch.Generator().manual_seed(boxes)
-    xy, wh = torch.rand(boxes, 2, generator=g) * 0.6 + 0.2, torch.rand(boxes, 2, generator=g) * 0.2 + 0.05
-    return torch.cat((torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1), generator=g).float(), xy, wh), 1)
 
 
 def _filling(part):
@@ -57,7 +47,7 @@ def test_a_parts_spec_rebuilds_the_same_model_input_and_loss():
 
     loss_fn = DetectionLoss.for_model(model)
     loss = CompiledLoss(loss_fn, backend="eager", background=True)
-    loss(preds, _rows(4, nc=3))
+    loss(preds, boxes_in_first_image(4, nc=3))
     twin_loss = CompiledLoss.from_cache_spec(loss.cache_spec(), torch.device("cpu"))
     (theads, tgt), (oheads, ogt) = twin_loss._example, loss._example
     assert [[(f.shape, f.stride(), f.dtype) for f in h] for h in theads] == [
@@ -84,7 +74,7 @@ def test_the_forward_compiles_in_a_second_process_then_in_the_thread():
     assert net.fill.report["graphs"] == len(model.model) and net.filled  # every layer, compiled there
     assert counters["frames"]["total"] > 0 and net.take_over()  # then here
     model.eval()
-    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
+    torch.testing.assert_close(outputs(net(x))[0], outputs(model(x))[0])
 
 
 def test_the_loss_compiles_in_a_second_process_then_in_the_thread():
@@ -92,10 +82,11 @@ def test_the_loss_compiles_in_a_second_process_then_in_the_thread():
     loss_fn = DetectionLoss.for_model(model)
     net = _filling(CompiledLoss(loss_fn, backend="eager", background=True))
     preds = model(torch.rand(2, 3, 64, 64))
-    net(preds, _rows(5, nc=3))
+    rows = boxes_in_first_image(5, nc=3)
+    net(preds, rows)
     net.start_background()
     assert net.wait(timeout=300) and net.failure is None and net.fill.report["graphs"] == 1 and net.take_over()
-    torch.testing.assert_close(net(preds, _rows(5, nc=3))[0], loss_fn(preds, _rows(5, nc=3))[0])
+    torch.testing.assert_close(net(preds, rows)[0], loss_fn(preds, rows)[0])
 
 
 def test_a_compile_that_fails_in_the_second_process_leaves_the_part_uncompiled_with_the_reason():
@@ -110,7 +101,7 @@ def test_a_compile_that_fails_in_the_second_process_leaves_the_part_uncompiled_w
     assert net.failure.startswith("in a second process: ") and "NoSuchBlock" in net.failure
     assert "\n" not in net.failure
     model.eval()
-    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
+    torch.testing.assert_close(outputs(net(x))[0], outputs(model(x))[0])
 
 
 def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
@@ -144,14 +135,15 @@ def test_with_inductor_the_thread_finds_what_the_second_process_compiled_in_the_
     net = CompiledLoss(loss_fn, background=True)
     assert net.fill_first  # inductor's path
     preds = model(torch.rand(2, 3, 64, 64))
-    net(preds, _rows(5, nc=3))
+    rows = boxes_in_first_image(5, nc=3)
+    net(preds, rows)
     net.start_background()
     assert net.wait(timeout=900) and net.failure is None, net.failure
     assert net.fill.report["compile_cache_misses"] > 0
     counts = cache_counts()
     assert counts["compile_cache_misses"] == 0 and counts["compile_cache_hits"] > 0, counts
     assert net.take_over()
-    torch.testing.assert_close(net(preds, _rows(5, nc=3))[0], loss_fn(preds, _rows(5, nc=3))[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(net(preds, rows)[0], loss_fn(preds, rows)[0], rtol=1e-4, atol=1e-4)
 
 
 _ORPHANING_PARENT = """
@@ -175,17 +167,6 @@ def test_the_second_process_ends_when_the_training_process_dies_without_stopping
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[-1])
     deadline = time.monotonic() + 20  # its own compile would run on for 30-40 s (measured on two cores)
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie waits only for init to reap it
-        return f.read().split(") ", 1)[1][0] != "Z"
+    assert not alive(pid)

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tests.conftest import boxes_in_first_image, outputs
 from yolov9.core.model import DetectionModel
 from yolov9.train.compiled import (
     AUTO_LAYERS_COLD,
@@ -29,16 +30,6 @@ from yolov9.train.compiled import (
 )
 
 
-def _outputs(out) -> list[torch.Tensor]:
-    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _outputs(o)]
-
-
-def _boxes_in_first_image(boxes: int, nc: int) -> torch.Tensor:
-    """(boxes, 6) target rows (image 0, class, xywh) with every box in the first image, so the padded count grows."""
-    return torch.cat([torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1)), torch.rand(boxes, 2) * 0.6 + 0.2,
-                      torch.rand(boxes, 2) * 0.3 + 0.05], 1).float()  # fmt: skip
-
-
 @pytest.mark.parametrize(("cfg", "mode"), [("gelan-t", "layers"), ("yolov9-t", "model")])
 def test_compiled_forward_traces_once_and_runs_other_shapes_uncompiled(cfg, mode):
     from torch._dynamo.utils import counters
@@ -54,14 +45,14 @@ def test_compiled_forward_traces_once_and_runs_other_shapes_uncompiled(cfg, mode
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= (1 if mode == "model" else len(model.model) // 2)
     want = model(x)
-    for a, b in zip(_outputs(got), _outputs(want), strict=True):
+    for a, b in zip(outputs(got), outputs(want), strict=True):
         torch.testing.assert_close(a, b)
     net(torch.rand(2, 3, 64, 64))  # the same shape again: no new trace
     short = torch.rand(1, 3, 64, 64)  # an epoch's short last batch
-    for a, b in zip(_outputs(net(short)), _outputs(model(short)), strict=True):
+    for a, b in zip(outputs(net(short)), outputs(model(short)), strict=True):
         torch.testing.assert_close(a, b)
     assert counters["stats"]["unique_graphs"] == graphs
-    sum(t.float().square().mean() for t in _outputs(net(x))).backward()
+    sum(t.float().square().mean() for t in outputs(net(x))).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert list(model.state_dict()) == keys and list(net.parameters()) == list(model.parameters())
     plain = copy.deepcopy(model)  # what ModelEMA and checkpoints copy: the model, not its compiled regions
@@ -139,7 +130,7 @@ def test_a_background_compile_starts_once_the_optimizer_step_is_captured_too():
     opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     step = TrainStep(model, model, loss_fn, opt, make_scaler(torch.device("cpu"), None), None, StepOptions())
     step.loss_fn = CompiledLoss(loss_fn, backend=broken, background=True)
-    step.loss_fn(model(torch.rand(2, 3, 64, 64)), _boxes_in_first_image(5, nc=3))  # the example to compile on
+    step.loss_fn(model(torch.rand(2, 3, 64, 64)), boxes_in_first_image(5, nc=3))  # the example to compile on
     # the captured parts as a GPU run has them after its first micro-batch (the CPU captures nothing)
     step.graphed = SimpleNamespace(graph="captured", eager_only=False)
     step.graphed_opt = SimpleNamespace(graph=None)  # the warm-up's momentum ramp: not captured yet
@@ -202,7 +193,7 @@ def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
     net = CompiledLoss(loss_fn, backend="aot_eager")
     x = torch.rand(2, 3, 64, 64)
     for boxes in (3, 100):  # all in the first image: capacities 64 and 128
-        rows = _boxes_in_first_image(boxes, nc=3)
+        rows = boxes_in_first_image(boxes, nc=3)
         grads = []
         for fn in (loss_fn, net):
             model.zero_grad()
@@ -232,7 +223,7 @@ def test_compiled_loss_chunks_the_assigner_without_recompiling_for_more_boxes():
     loss_fn.assigner.max_elements = COMPILED_CHUNK_BOXES * anchors * 2  # two images per chunk when compiled
     net = CompiledLoss(loss_fn, backend="eager")
     for boxes in (3, 100, 200):  # all in the first image: capacities 64, 128, 256, eagerly 4, 2 and 1 images a chunk
-        rows = _boxes_in_first_image(boxes, nc=3)
+        rows = boxes_in_first_image(boxes, nc=3)
         got, want = net(preds, rows), loss_fn(preds, rows)
         torch.testing.assert_close(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
@@ -287,7 +278,7 @@ def test_loss_compiled_in_the_background_runs_uncompiled_until_ready_then_compil
         return lambda *args: runs.append(1) or graph(*args)
 
     net = CompiledLoss(loss_fn, backend=counting, background=True)
-    x, rows = torch.rand(2, 3, 64, 64), _boxes_in_first_image(5, nc=3)
+    x, rows = torch.rand(2, 3, 64, 64), boxes_in_first_image(5, nc=3)
     # dynamo guards on the thread count, per thread in some builds (the GPU box's): the compiling thread must take
     # the training thread's
     threads = torch.get_num_threads()
@@ -328,7 +319,7 @@ def test_a_failed_background_compile_leaves_the_loss_uncompiled():
     model = DetectionModel("gelan-t", nc=3).train()
     loss_fn = DetectionLoss.for_model(model)
     net = CompiledLoss(loss_fn, backend=broken, background=True)
-    x, rows = torch.rand(2, 3, 64, 64), _boxes_in_first_image(5, nc=3)
+    x, rows = torch.rand(2, 3, 64, 64), boxes_in_first_image(5, nc=3)
     net(model(x), rows)
     net.start_background()
     assert net.wait(timeout=120)
@@ -352,7 +343,7 @@ def test_a_background_compile_hands_the_gil_back_sooner_while_it_runs():
     assert before != COMPILE_SWITCH_INTERVAL_S
     model = DetectionModel("gelan-t", nc=3).train()
     net = CompiledLoss(DetectionLoss.for_model(model), backend=recording, background=True)
-    net(model(torch.rand(2, 3, 64, 64)), _boxes_in_first_image(5, nc=3))
+    net(model(torch.rand(2, 3, 64, 64)), boxes_in_first_image(5, nc=3))
     net.start_background()
     assert net.wait(timeout=120) and "recorded" in net.failure
     assert seen == [pytest.approx(COMPILE_SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
@@ -390,10 +381,10 @@ def test_forward_compiled_in_the_background_serves_the_models_own_layers(request
 
     def check() -> None:
         stats = [b.clone() for b in model.buffers()]
-        got = _outputs(net(x))
+        got = outputs(net(x))
         for b, s in zip(model.buffers(), stats, strict=True):  # the same forward through the model itself
             b.copy_(s)
-        want = _outputs(model(x))
+        want = outputs(model(x))
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w)
 
@@ -409,7 +400,7 @@ def test_forward_compiled_in_the_background_serves_the_models_own_layers(request
     runs.clear()
     check()
     assert counters["frames"]["total"] == frames and len(runs) == len(model.model)  # compiled, by the thread
-    sum(t.sum() for t in _outputs(net(x))).backward()
+    sum(t.sum() for t in outputs(net(x))).backward()
     assert len(backward_compiles) == compiled_backwards  # the backward too
 
 
@@ -426,4 +417,4 @@ def test_a_failed_background_compile_leaves_the_forward_uncompiled():
     assert net.wait(timeout=120)
     assert not net.take_over() and "no compiler here" in net.failure
     model.eval()  # the same output without BatchNorm's statistics moving between the two calls
-    torch.testing.assert_close(_outputs(net(x))[0], _outputs(model(x))[0])
+    torch.testing.assert_close(outputs(net(x))[0], outputs(model(x))[0])
