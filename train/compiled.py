@@ -107,7 +107,6 @@ class BackgroundCompile:
         self.failure: str | None = None  # why a background compile failed (the part then stays uncompiled)
         self.fill_first = background and backend == "inductor"  # the other backends keep no caches to fill
         self.fill: CacheFill | None = None
-        self._stopped = False
 
     @property
     def ready(self) -> bool:
@@ -136,7 +135,6 @@ class BackgroundCompile:
 
     def stop(self) -> None:
         """End a compile still running in the second process (the run is over): the thread then compiles nothing."""
-        self._stopped = True
         if self.fill is not None:
             self.fill.stop()
 
@@ -155,9 +153,9 @@ class BackgroundCompile:
 
     def _compile(self, threads: int) -> None:
         if self.fill is not None:  # waits outside COMPILE_LOCK: the step's captures go on meanwhile
-            failure = self.fill.wait()
-            if failure or self._stopped:  # what failed there would fail here too, and hold the training's lock
-                self.failure, self._example = failure and f"in a second process: {failure}", None
+            failure = self.fill.wait()  # a stopped one's too
+            if failure:  # what failed there would fail here too, and hold the training's lock
+                self.failure, self._example = f"in a second process: {failure}", None
                 return
         device = self._example_device()
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
