@@ -70,10 +70,43 @@ def tensor_meta(t: torch.Tensor) -> dict:
     return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
 def tensor_like(meta: dict, device: torch.device) -> torch.Tensor:
     """A tensor of `meta`'s shape, strides and dtype on `device`, with finite values."""
-    dtype = getattr(torch, meta["dtype"], None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"not a torch dtype: {meta['dtype']!r}")
-    t = torch.empty_strided(meta["shape"], meta["stride"], dtype=dtype, device=device)
+    t = torch.empty_strided(meta["shape"], meta["stride"], dtype=_dtype(meta["dtype"]), device=device)
     return t.uniform_() if t.is_floating_point() else t.zero_()
+
+
+def compile_settings() -> dict:
+    """The process-wide settings inductor's cache keys read besides the graph and its inputs (the thread count dynamo
+    guards on, deterministic algorithms, the matmul precisions, the default dtype): the second process takes the
+    training process's, or the thread's compile would miss the cache it filled."""
+    matmul = torch.backends.cuda.matmul
+    return {
+        "threads": torch.get_num_threads(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
+        "matmul_fp32_precision": matmul.fp32_precision,
+        "matmul_fp16_reduction": matmul.allow_fp16_reduced_precision_reduction,
+        "matmul_bf16_reduction": matmul.allow_bf16_reduced_precision_reduction,
+        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+    }
+
+
+def apply_compile_settings(settings: dict) -> None:
+    """Take `compile_settings()` of another process (in the second process, before it compiles)."""
+    torch.set_num_threads(settings["threads"])
+    torch.use_deterministic_algorithms(settings["deterministic"], warn_only=settings["deterministic_warn_only"])
+    torch.utils.deterministic.fill_uninitialized_memory = settings["fill_uninitialized_memory"]
+    matmul = torch.backends.cuda.matmul
+    matmul.fp32_precision = settings["matmul_fp32_precision"]
+    matmul.allow_fp16_reduced_precision_reduction = settings["matmul_fp16_reduction"]
+    matmul.allow_bf16_reduced_precision_reduction = settings["matmul_bf16_reduction"]
+    torch.set_default_dtype(_dtype(settings["default_dtype"]))

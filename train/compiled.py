@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from yolov9.core.model import DetectionModel, run_layers
-from yolov9.train.cache_fill import CacheFill, tensor_like, tensor_meta
+from yolov9.train.cache_fill import CacheFill, apply_compile_settings, compile_settings, tensor_like, tensor_meta
 from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
 from yolov9.train.loss import DetectionLoss
 
@@ -97,7 +97,8 @@ class BackgroundCompile:
     nothing is left to compile at the first compiled call) and `take_over()` (between steps) has switched to the
     compiled version; `version` then changes, which tells a captured step to capture again. With inductor
     (`fill_first`), a second process (`CacheFill`) compiles the part first, from the first call on, and the thread
-    then compiles it from inductor's caches."""
+    then compiles it from inductor's caches; where the GPU has too little free memory for the thread's copy, the
+    training thread compiles it from those caches at the takeover instead (`notice` says so)."""
 
     def _init_background(self, background: bool, backend: str) -> None:
         self.background, self.version, self.backend = background, 0, backend
@@ -105,6 +106,7 @@ class BackgroundCompile:
         self._thread: threading.Thread | None = None
         self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the part then stays uncompiled)
+        self.notice: str | None = None  # why the part compiles at the takeover instead (too little GPU memory)
         self.fill_first = background and backend == "inductor"  # the other backends keep no caches to fill
         self.fill: CacheFill | None = None
 
@@ -158,6 +160,10 @@ class BackgroundCompile:
                 self.failure, self._example = f"in a second process: {failure}", None
                 return
         device = self._example_device()
+        if (short := self._memory_short(device)) is not None:
+            # the training thread compiles at the takeover instead: from the filled cache, on the model itself
+            self.notice, self._example, self._compiled = short, None, True
+            return
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with COMPILE_LOCK, _switch_interval(COMPILE_SWITCH_INTERVAL_S):
             try:
@@ -175,6 +181,20 @@ class BackgroundCompile:
             finally:
                 self._example = None
 
+    def _memory_short(self, device: torch.device) -> str | None:
+        """Why the GPU has too little free memory for `_compile_example` beside the run, or None."""
+        needed = self._example_memory(device)
+        if not needed:
+            return None
+        free, _ = torch.cuda.mem_get_info(device)
+        if free >= needed:
+            return None
+        return f"{free / 2**30:.1f} GiB of GPU memory free, about {needed / 2**30:.1f} GiB needed beside the run"
+
+    def _example_memory(self, device: torch.device) -> int:
+        """GPU bytes `_compile_example` takes while it runs (0: too few to check)."""
+        return 0
+
     def _example_device(self) -> torch.device:
         raise NotImplementedError
 
@@ -187,7 +207,7 @@ class BackgroundCompile:
         CPU tensors, which torch.load(weights_only=True) reads."""
         device = self._example_device()
         return {"part": type(self).__name__, "backend": self.backend, "device": str(device),
-                "threads": torch.get_num_threads()}  # fmt: skip
+                "settings": compile_settings()}  # fmt: skip
 
 
 def fill_caches(spec: dict, device: torch.device) -> dict:
@@ -195,7 +215,7 @@ def fill_caches(spec: dict, device: torch.device) -> dict:
     thread would; its kernels and their autotuning stay in inductor's caches. Returns torch.compile's counts."""
     from torch._dynamo.utils import counters
 
-    torch.set_num_threads(spec["threads"])  # dynamo guards on it
+    apply_compile_settings(spec["settings"])
     parts = {cls.__name__: cls for cls in (CompiledForward, CompiledLoss)}
     if spec.get("part") not in parts:
         raise ValueError(f"no compiled part named {spec.get('part')!r}")
@@ -250,6 +270,10 @@ class CompiledForward(BackgroundCompile, nn.Module):
 
     def _example_device(self) -> torch.device:
         return self._example[0].device
+
+    def _example_memory(self, device: torch.device) -> int:
+        # the twin's forward and backward at the run's batch repeat the step's activations: the run's peak so far
+        return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
     def _compile_example(self) -> None:
         x, (enabled, dtype, cache) = self._example
@@ -337,29 +361,46 @@ def first_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__
 
 
-# --compile auto's thresholds in training images (epochs x images), from a 4,096-image run of yolov9-s at batch 128
-# on an H200 (benchmarks.md): `layers` trains about 1.4x the uncompiled rate and 1.1x the loss alone's, and costs
-# about 20 s more at the start from inductor's cache, about 4 minutes the first time; the loss alone costs about a
-# minute the first time
+# --compile auto's thresholds in training images (epochs x images), from a 4,096-image run on one GPU
+# (benchmarks.md): `layers` trains about 1.2-1.4x the uncompiled rate and 1.1x the loss alone's. Compiled before the
+# first step, it costs about 20 s more at the start from inductor's cache and about 4 minutes the first time; the
+# loss alone about a minute the first time. Compiled beside the run (--compile-background), the first steps start
+# at once and a cold compile costs the run 0-8% until the loss takes over (about 80 s) and the layers (about 5
+# minutes), so a run that earns back the loss's compile earns back the layers' as well.
 AUTO_MIN_IMAGES = 300_000  # a shorter run does not earn back a cold compile of the loss
 AUTO_LAYERS_WARM = 40_000  # from the cache, `layers` pays back after this many
-AUTO_LAYERS_COLD = 1_500_000  # the first time, `layers` beats the loss alone after this many
+AUTO_LAYERS_COLD = 1_500_000  # the first time, before the first step, `layers` beats the loss alone after this many
+
+
+def resolve_background(choice: bool | None, compiled_before: bool) -> bool:
+    """--compile-background as chosen, or by default (None) where it starts sooner: for a first compile, which
+    would hold the first step for minutes; not from the cache, where compiling first costs seconds and the
+    compiled step then runs from the first step on."""
+    return choice if choice is not None else not compiled_before
 
 
 def resolve_mode(
-    mode: str, device: torch.device, distributed: bool, images: int | None = None, compiled_before: bool = False
+    mode: str,
+    device: torch.device,
+    distributed: bool,
+    images: int | None = None,
+    compiled_before: bool = False,
+    background: bool = False,
 ) -> str:
     """--compile auto on one CUDA GPU: `layers` for a run that earns back its compile (`images` training images,
     None for a steady-state benchmark; `compiled_before`: this machine compiled the same model and shape, so it
-    comes from the cache), else `loss` for a run that earns back the loss's compile, else uncompiled. Off on the CPU
-    (inductor's C++ compile there costs more than CPU runs gain) and under torchrun (not measured there)."""
+    comes from the cache; `background`: compiled beside the run), else `loss` for a run that earns back the loss's
+    compile, else uncompiled. Off on the CPU (inductor's C++ compile there costs more than CPU runs gain) and under
+    torchrun (not measured there)."""
     if mode != "auto":
         return mode
     if device.type != "cuda" or distributed:
         return "off"
     if images is None or images >= AUTO_LAYERS_COLD or (compiled_before and images >= AUTO_LAYERS_WARM):
         return "layers"
-    return "loss" if images >= AUTO_MIN_IMAGES else "off"
+    if images >= AUTO_MIN_IMAGES:
+        return "layers" if background else "loss"
+    return "off"
 
 
 def signature(model: nn.Module, batch: int, img: int, dtype: torch.dtype | None, **options) -> dict:

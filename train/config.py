@@ -170,31 +170,32 @@ class TrainConfig:
         "(compile, autotuning, capture), about half a minute from the cache. 'layers' (each layer its own region) and"
         " 'model' (one graph) compile the forward and backward too, with the loss unless --no-compile-loss: "
         "BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory and about 1.4x the uncompiled "
-        "images/s, but four to five minutes before the first step the first time, about 20 s more from the cache. "
-        "'auto' (default), on one GPU: 'layers' for a run of at least 1,500,000 training images (epochs x images), "
-        "or 40,000 when this machine compiled the same model and batch before (a record beside inductor's cache); "
-        "else 'loss' for at least 300,000; else 'off', as a shorter run does not earn back the compile. 'off' on "
-        "the CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a "
-        "short last "
-        "batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: docs/benchmarks.md",
+        "images/s, but compiled before the first step four to five minutes the first time, 20 s from the cache. "
+        "'auto' (default), on one GPU: 'layers' for a run of at least 300,000 training images (epochs x images) "
+        "compiled in the background (see --compile-background), or of 40,000 when this machine compiled the same "
+        "model and batch before (a record beside inductor's cache); with --no-compile-background 'layers' for "
+        "1,500,000 and 'loss' for 300,000; else 'off', as a shorter run does not earn back the compile. 'off' on the "
+        "CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a "
+        "short last batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: "
+        "docs/benchmarks.md",
     )
     compile_loss: bool = option(
         True,
         "with --compile layers or model, also compile the loss and its assigner as one graph; --no-compile-loss "
         "compiles the model only",
     )
-    compile_background: bool = option(
-        False,
-        "compile in the background: the loss, and with --compile layers or model the forward too. The first steps "
-        "train uncompiled (captured) and the compiled step takes over when ready, so the first step does not wait "
-        "for the compile. With inductor each part compiles first in a second process at a lower priority (its own "
-        "CUDA context and GIL, at most the GPU memory free when it starts less 10%%), which fills inductor's cache; "
-        "a thread on a copy of the model (about as much GPU memory again as the step while it runs) then compiles "
-        "from that cache. A failure in the second process leaves the part uncompiled, and a compile still running "
-        "when the run ends stops with it. Off by default: on an H100 a second process compiling gelan-s beside a "
-        "run slowed it by 8%% and the thread's compile from the cache it filled took 80 s at no cost, but a cold "
-        "compile there took over 330 s and the whole path has not yet run inside one run on a GPU "
-        "(docs/benchmarks.md)",
+    compile_background: bool | None = option(
+        None,
+        "compile beside the run: the loss, and with --compile layers or model the forward too. The first steps "
+        "train uncompiled (captured) and the compiled step takes over when ready. With inductor each part compiles "
+        "first in a second process at a lower priority (its own CUDA context and GIL, at most the GPU memory free "
+        "when it starts less 10%%), which fills inductor's cache; a thread on a copy of the model then compiles from "
+        "that cache (where the copy's step would not fit in the free GPU memory, the training thread compiles at the"
+        " takeover instead, for seconds). A failure in the second process leaves the part uncompiled, and a compile "
+        "still running when the run ends stops with it. By default on for a first compile on this machine (on an "
+        "H100, gelan-s at batch 128: the first step at 32 s instead of about 4 minutes, the run 0-8%% slower until "
+        "the loss took over at 110 s and the layers at 370 s) and off from the cache (compiled before the first "
+        "step in seconds); --compile-background or --no-compile-background decides (docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)

@@ -31,6 +31,7 @@ from yolov9.train.compiled import (
     compiled_before,
     loss_compiled,
     note_compiled,
+    resolve_background,
     resolve_mode,
     signature,
 )
@@ -312,10 +313,13 @@ class Trainer:
             loss=cfg.compile_loss, graphs=cfg.cuda_graph,
         )  # fmt: skip
         self.compiled_before = compiled_before(self.compile_sig)
-        mode = resolve_mode(cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before)
+        background = resolve_background(cfg.compile_background, self.compiled_before)
+        mode = resolve_mode(
+            cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before, background
+        )
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
-            cfg.compile_background,
+            background,
         )  # fmt: skip
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)
@@ -443,9 +447,14 @@ class Trainer:
         row.update({f"{name}_cache_filled": p.filled for name, p in parts.items() if p.fill is not None})
         noted = self.__dict__.setdefault("_failures_noted", set())
         for name, p in parts.items():
-            if p.failure and self.main and name not in noted:
+            if not self.main or name in noted:
+                continue
+            if p.failure:
                 noted.add(name)
                 tqdm.write(f"note: compiling the {name} in the background failed ({p.failure}); it stays uncompiled")
+            elif p.notice:
+                noted.add(name)
+                tqdm.write(f"note: the {name} compiles from the cache at the takeover, not beside the run ({p.notice})")
 
     def _plotting(self, batches, epoch: int):
         """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
@@ -505,7 +514,7 @@ class Trainer:
         if loss_compiled(mode, cfg.compile_loss):
             parts += ["loss"]
         cached = " from this machine's cache" if mode in FORWARD_MODES and self.compiled_before else ""
-        background = ", in the background" if cfg.compile_background else ""
+        background = ", in the background" if self.step.opts.compile_background else ""
         compiled = f", compiled ({' and '.join(parts)}{background}){cached}" if parts else ""
         if cfg.compile == "auto" and not parts and resolve_mode("auto", self.device, self.dist.active) != "off":
             compiled = ", not compiled (a short run would not earn back the compile; --compile layers compiles)"

@@ -104,6 +104,27 @@ def test_a_compile_that_fails_in_the_second_process_leaves_the_part_uncompiled_w
     torch.testing.assert_close(outputs(net(x))[0], outputs(model(x))[0])
 
 
+def test_with_too_little_gpu_memory_for_the_threads_copy_the_training_thread_compiles_at_the_takeover():
+    """The thread's copy of the step would not fit beside the run (`_memory_short`, made to say so here): the thread
+    compiles nothing and says why, and the next call, on the training thread, compiles the model itself."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = DetectionModel("gelan-t", nc=3).train()
+    net = CompiledForward(model, "layers", backend="eager", background=True)
+    net._memory_short = lambda device: "1.0 GiB of GPU memory free, about 9.0 GiB needed beside the run"
+    x = torch.rand(2, 3, 64, 64)
+    net(x)
+    net.start_background()
+    assert net.wait(timeout=60) and net.failure is None and "9.0 GiB needed" in net.notice
+    assert counters["frames"]["total"] == 0 and net._example is None
+    assert net.take_over()
+    out = net(x)
+    assert counters["frames"]["total"] > 0  # compiled here, at the first call after the takeover
+    torch.testing.assert_close(outputs(out)[0], outputs(model(x))[0])  # training mode: the batch's statistics
+
+
 def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
     from torch._dynamo.utils import counters
 
@@ -122,12 +143,23 @@ def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
 
 def test_with_inductor_the_thread_finds_what_the_second_process_compiled_in_the_cache(monkeypatch, tmp_path):
     """Inductor's own compile (C++ on the CPU): the second process compiles the loss into an empty cache (misses);
-    the thread's compile of the same loss then misses nothing, and the compiled loss computes the loss."""
+    the thread's compile of the same loss then misses nothing, and the compiled loss computes the loss. The training
+    process runs with a matmul precision other than the default, which inductor's cache keys read: the second
+    process takes it over (the GPU test's full-fp32 settings made every lookup miss before it did)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    matmul = torch.backends.cuda.matmul
+    before, matmul.fp32_precision = matmul.fp32_precision, "ieee"
+    try:
+        _compile_the_loss_in_both()
+    finally:
+        matmul.fp32_precision = before
+
+
+def _compile_the_loss_in_both() -> None:
     from torch._dynamo.utils import counters
 
     from yolov9.train.compiled import cache_counts
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     counters.clear()
     model = DetectionModel("gelan-t", nc=3).train()
