@@ -105,24 +105,28 @@ def test_a_compile_that_fails_in_the_second_process_leaves_the_part_uncompiled_w
 
 
 def test_with_too_little_gpu_memory_for_the_threads_copy_the_training_thread_compiles_at_the_takeover():
-    """The thread's copy of the step would not fit beside the run (`_memory_short`, made to say so here): the thread
-    compiles nothing and says why, and the next call, on the training thread, compiles the model itself."""
+    """The thread's copy would not fit beside the run (`_memory_short`, made to say so here; on a GPU the forward's
+    copy needs about the run's peak): the thread compiles nothing and says why, and the next call, on the training
+    thread, compiles. The loss stands in for the forward: the rule is BackgroundCompile's, and the loss is one
+    graph, the forward dozens."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     model = DetectionModel("gelan-t", nc=3).train()
-    net = CompiledForward(model, "layers", backend="eager", background=True)
+    loss_fn = DetectionLoss.for_model(model)
+    net = CompiledLoss(loss_fn, backend="eager", background=True)
     net._memory_short = lambda device: "1.0 GiB of GPU memory free, about 9.0 GiB needed beside the run"
-    x = torch.rand(2, 3, 64, 64)
-    net(x)
+    preds = model(torch.rand(2, 3, 64, 64))
+    rows = boxes_in_first_image(5, nc=3)
+    net(preds, rows)
     net.start_background()
     assert net.wait(timeout=60) and net.failure is None and "9.0 GiB needed" in net.notice
-    assert counters["frames"]["total"] == 0 and net._example is None
+    assert counters["stats"]["unique_graphs"] == 0 and net._example is None
     assert net.take_over()
-    out = net(x)
-    assert counters["frames"]["total"] > 0  # compiled here, at the first call after the takeover
-    torch.testing.assert_close(outputs(out)[0], outputs(model(x))[0])  # training mode: the batch's statistics
+    got = net(preds, rows)[0]
+    assert counters["stats"]["unique_graphs"] == 1  # compiled here, at the first call after the takeover
+    torch.testing.assert_close(got, loss_fn(preds, rows)[0])
 
 
 def test_a_stopped_compile_ends_its_process_and_the_thread_compiles_nothing():
