@@ -10,10 +10,10 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import torch
-
-from yolov9.train.compiled import fill_caches, first_cause
+if TYPE_CHECKING:
+    import torch
 
 NICE = 10  # the compile takes the cores the training's loader and step leave
 MEMORY_RESERVE = 0.1  # of the GPU's memory, kept free for the training process (its validation, a new capture)
@@ -34,6 +34,8 @@ def _exit_with_parent() -> None:
 def _limit_memory(device: torch.device) -> None:
     """Run out of memory here rather than make the training process run out: take at most what is free now, less
     MEMORY_RESERVE of the whole."""
+    import torch
+
     torch.cuda.set_device(device)
     free, total = torch.cuda.mem_get_info(device)
     torch.cuda.set_per_process_memory_fraction(max(free - MEMORY_RESERVE * total, 0.0) / total, device)
@@ -44,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     _exit_with_parent()
     with contextlib.suppress(OSError):
         os.nice(NICE)
+    # imported once the watch runs: on a loaded machine these imports take many seconds, and a parent that died
+    # meanwhile went unnoticed until they ended (the orphan test failed beside a second test run on two cores)
+    import torch
+
+    from yolov9.train.compiled import fill_caches, first_cause
+
     try:
         spec = torch.load(spec_path, weights_only=True)
         device = torch.device(spec["device"])

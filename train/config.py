@@ -171,10 +171,10 @@ class TrainConfig:
         " 'model' (one graph) compile the forward and backward too, with the loss unless --no-compile-loss: "
         "BatchNorm, SiLU and copies fused, a fifth to two fifths less GPU memory and about 1.4x the uncompiled "
         "images/s, but compiled before the first step four to five minutes the first time, 20 s from the cache. "
-        "'auto' (default), on one GPU: 'layers' for a run of at least 300,000 training images (epochs x images) "
-        "compiled in the background (see --compile-background), or of 40,000 when this machine compiled the same "
-        "model and batch before (a record beside inductor's cache); with --no-compile-background 'layers' for "
-        "1,500,000 and 'loss' for 300,000; else 'off', as a shorter run does not earn back the compile. 'off' on the "
+        "'auto' (default), on one GPU: 'layers' for a run of at least 300,000 training images (epochs x images), "
+        "or of 40,000 when this machine compiled the same model and batch before (a record beside inductor's "
+        "cache); with --no-compile-background 'layers' for 1,500,000 (or that 40,000) and 'loss' for 300,000; else "
+        "'off', as a shorter run does not earn back the compile. 'off' on the "
         "CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a "
         "short last batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: "
         "docs/benchmarks.md",
@@ -184,18 +184,19 @@ class TrainConfig:
         "with --compile layers or model, also compile the loss and its assigner as one graph; --no-compile-loss "
         "compiles the model only",
     )
-    compile_background: bool | None = option(
-        None,
+    compile_background: bool = option(
+        True,
         "compile beside the run: the loss, and with --compile layers or model the forward too. The first steps "
         "train uncompiled (captured) and the compiled step takes over when ready. With inductor each part compiles "
         "first in a second process at a lower priority (its own CUDA context and GIL, at most the GPU memory free "
         "when it starts less 10%%), which fills inductor's cache; a thread on a copy of the model then compiles from "
         "that cache (where the copy's step would not fit in the free GPU memory, the training thread compiles at the"
         " takeover instead, for seconds). A failure in the second process leaves the part uncompiled, and a compile "
-        "still running when the run ends stops with it. By default on for a first compile on this machine (on an "
-        "H100, gelan-s at batch 128: the first step at 32 s instead of about 4 minutes, the run 0-8%% slower until "
-        "the loss took over at 110 s and the layers at 370 s) and off from the cache (compiled before the first "
-        "step in seconds); --compile-background or --no-compile-background decides (docs/benchmarks.md)",
+        "still running when the run ends stops with it. On an H100, gelan-s at batch 128: the first step at 32 s "
+        "instead of about 4 minutes the first time, the run 0-8%% slower until the loss took over at 110 s and the "
+        "layers at 370 s; from the cache, the first step at 27 s instead of 45-47 s and the compiled step from about "
+        "135 s. --no-compile-background compiles before the first step, as each rank of a multi-GPU run does "
+        "(docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)
     loss: LossGains = option(factory=LossGains, cli=False)

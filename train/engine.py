@@ -94,8 +94,7 @@ class TrainStep:
 
 def step_module(model: nn.Module, opts: StepOptions, ctx: DistContext) -> nn.Module:
     """What the step's forward runs: the model, compiled when opts.compile says so, DDP-wrapped under torchrun."""
-    # under DDP the forward compiles at its first call: the step takes over background compiles of its own parts only
-    net = compiled(model, opts.compile, opts.compile_background and not ctx.active)
+    net = compiled(model, opts.compile, opts.compile_background)
     if ctx.active:
         dev = ctx.device
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)

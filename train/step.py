@@ -114,7 +114,9 @@ class StepOptions:
     cuda_graph: bool = True
     compile: str = "off"
     compile_loss: bool = True
-    compile_background: bool = False  # what compiles does so in a thread while the first steps run uncompiled
+    # what compiles does so beside the first steps, which run uncompiled; one process only (under DDP the step
+    # cannot take over a part compiled in the background: its forward is the wrapper's)
+    compile_background: bool = False
 
 
 def autocast(device_type: str, dtype: torch.dtype | None, cache: bool = True) -> torch.autocast:

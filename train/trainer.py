@@ -31,7 +31,6 @@ from yolov9.train.compiled import (
     compiled_before,
     loss_compiled,
     note_compiled,
-    resolve_background,
     resolve_mode,
     signature,
 )
@@ -313,7 +312,7 @@ class Trainer:
             loss=cfg.compile_loss, graphs=cfg.cuda_graph,
         )  # fmt: skip
         self.compiled_before = compiled_before(self.compile_sig)
-        background = resolve_background(cfg.compile_background, self.compiled_before)
+        background = cfg.compile_background and not self.dist.active  # see StepOptions
         mode = resolve_mode(
             cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before, background
         )

@@ -25,7 +25,6 @@ from yolov9.train.compiled import (
     compiled_before,
     compiled_loss,
     note_compiled,
-    resolve_background,
     resolve_mode,
     signature,
 )
@@ -87,13 +86,6 @@ def test_auto_compiles_what_a_run_of_its_length_earns_back():
     assert resolve_mode("auto", gpu, True) == "off"  # under torchrun
     assert resolve_mode("auto", cpu, False) == "off"
     assert resolve_mode("layers", cpu, False, 10) == "layers"  # asked for: as asked
-
-
-def test_by_default_a_first_compile_runs_beside_the_run_and_one_from_the_cache_before_it():
-    assert resolve_background(None, compiled_before=False) is True
-    assert resolve_background(None, compiled_before=True) is False
-    assert resolve_background(False, compiled_before=False) is False  # asked for: as asked
-    assert resolve_background(True, compiled_before=True) is True
 
 
 def test_a_compiled_forward_is_remembered_per_model_and_shape(monkeypatch, tmp_path):
