@@ -174,10 +174,9 @@ class TrainConfig:
         "'auto' (default), on one GPU: 'layers' for a run of at least 300,000 training images (epochs x images), "
         "or of 40,000 when this machine compiled the same model and batch before (a record beside inductor's "
         "cache); with --no-compile-background 'layers' for 1,500,000 (or that 40,000) and 'loss' for 300,000; else "
-        "'off', as a shorter run does not earn back the compile. 'off' on the "
-        "CPU and under torchrun, where compiling was not measured to pay. Compiled for the first batch shape; a "
-        "short last batch runs uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: "
-        "docs/benchmarks.md",
+        "'off', as a shorter run does not earn back the compile. 'off' on the CPU and under torchrun, where "
+        "compiling was not measured to pay. Compiled for the first batch shape; a short last batch runs "
+        "uncompiled; the compiled kernels run inside the CUDA graphs. Numbers: docs/benchmarks.md",
     )
     compile_loss: bool = option(
         True,

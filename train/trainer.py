@@ -444,16 +444,17 @@ class Trainer:
             return
         row.update({f"{name}_compiled": p.ready for name, p in parts.items()}, **cache_counts())
         row.update({f"{name}_cache_filled": p.filled for name, p in parts.items() if p.fill is not None})
-        noted = self.__dict__.setdefault("_failures_noted", set())
+        noted = self.__dict__.setdefault("_background_noted", set())
         for name, p in parts.items():
-            if not self.main or name in noted:
-                continue
             if p.failure:
-                noted.add(name)
-                tqdm.write(f"note: compiling the {name} in the background failed ({p.failure}); it stays uncompiled")
+                note = f"compiling the {name} in the background failed ({p.failure}); it stays uncompiled"
             elif p.notice:
+                note = f"the {name} compiles from the cache at the takeover, not beside the run ({p.notice})"
+            else:
+                continue
+            if self.main and name not in noted:
                 noted.add(name)
-                tqdm.write(f"note: the {name} compiles from the cache at the takeover, not beside the run ({p.notice})")
+                tqdm.write(f"note: {note}")
 
     def _plotting(self, batches, epoch: int):
         """The batch iterator, drawing the first three batches of a new run as trained (train_batch0-2.jpg)."""
