@@ -426,6 +426,16 @@ def note_compiled(sig: dict, seconds: float | None = None) -> None:
         path.write_text(json.dumps({**sig, "compile_s": seconds}, indent=1))
 
 
+def import_compiler() -> None:
+    """Import what torch.compile loads at its first use (dynamo, and inductor as its backend): seconds of a start,
+    which the trainer spends beside the GPU's warm-up rather than on the way to the first step."""
+    import torch._dynamo.convert_frame  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._dynamo.backends.registry import lookup_backend
+
+    lookup_backend("inductor")
+
+
 def compiled(model: DetectionModel, mode: str, background: bool = False) -> nn.Module:
     """The module the training step runs: its `CompiledForward` in the forward modes (compiled in a thread with
     `background`), else the model itself."""

@@ -29,6 +29,7 @@ from yolov9.train.compiled import (
     CompiledForward,
     cache_counts,
     compiled_before,
+    import_compiler,
     loss_compiled,
     note_compiled,
     resolve_mode,
@@ -221,6 +222,9 @@ class Trainer:
         saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
         self.started = self._loader(saved["epoch"] + 1, saved["batch"])
         self.startup["loader"] = _seconds_since_process_start()
+        if self._compile_mode(self.cfg.batch) != "off":  # after the workers' fork: none inherits a held import lock
+            import_compiler()
+            self.startup["compiler_imports"] = _seconds_since_process_start()
 
     def _datasets(self, spec: dict, train_index: DatasetIndex) -> None:
         cfg = self.cfg
@@ -305,20 +309,28 @@ class Trainer:
                 print(f"resuming from epoch {self.state.epoch + 2} of {cfg.epochs}")
         self._make_step()
 
-    def _make_step(self) -> None:
-        cfg, st = self.cfg, self.state
+    def _compile_mode(self, batch: int) -> str:
+        """--compile's mode for a step of `batch` images (global); sets what the run's record of it needs."""
+        cfg = self.cfg
         self.compile_sig = signature(
-            self.model, st.batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
+            self.model, batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
             loss=cfg.compile_loss, graphs=cfg.cuda_graph,
         )  # fmt: skip
         self.compiled_before = compiled_before(self.compile_sig)
-        background = cfg.compile_background and not self.dist.active  # see StepOptions
-        mode = resolve_mode(
-            cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before, background
+        return resolve_mode(
+            cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before, self._background
         )
+
+    @property
+    def _background(self) -> bool:
+        return self.cfg.compile_background and not self.dist.active  # see StepOptions
+
+    def _make_step(self) -> None:
+        cfg, st = self.cfg, self.state
+        mode = self._compile_mode(st.batch)
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
-            background,
+            self._background,
         )  # fmt: skip
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)

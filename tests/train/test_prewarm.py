@@ -4,6 +4,8 @@ its BatchNorm statistics, gradients and random streams as they were."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,45 @@ def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, t
     trainer.state.batch = 4  # as after halving on out-of-memory: the started loader's batch no longer fits
     loader, batches = trainer._running_loader(0)
     assert loader is not started[0] and loader.batch_sampler.batch == 4 and len(next(batches).images) == 4
+
+
+_COMPILER_IMPORTS = """
+import json, sys
+from tests.conftest import tiny_train_config
+from yolov9.train.trainer import Trainer, _beside
+mode, data, project = sys.argv[1:]
+trainer = Trainer(tiny_train_config(data, project, workers=2, compile=mode))
+_beside(lambda: trainer._datasets_and_loader(*trainer._index()), lambda start: start())  # as the warm-up does
+imported = "torch._inductor.compile_fx" in sys.modules
+before = set(sys.modules)
+trainer._setup()
+setup_imports = len(set(sys.modules) - before)
+loader = trainer.started[0]
+next(trainer.started[1])
+workers = loader._iterator._workers
+loader._iterator._shutdown_workers()
+print(json.dumps({"stages": list(trainer.startup), "imported": imported, "setup_imports": setup_imports,
+                  "exitcodes": [w.exitcode for w in workers]}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["layers", "off"])
+def test_a_run_that_compiles_imports_the_compiler_beside_the_warm_up(mode, tiny_subset, tmp_path):
+    """torch.compile's first use imports dynamo and inductor (seconds): a run that compiles imports them in the
+    warm-up's thread once the loader's workers have forked (none inherits a held import lock), so its set-up before
+    the first step imports little; a run that does not compile imports nothing more there."""
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tiny_subset}\ntrain: images\nnames: [{', '.join(f'c{i}' for i in range(80))}]\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILER_IMPORTS, mode, str(data), str(tmp_path)],
+        capture_output=True, text=True, cwd=root, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["exitcodes"] == [0, 0]
+    if mode == "off":
+        assert "compiler_imports" not in got["stages"] and not got["imported"]
+        return
+    assert got["stages"][-4:] == ["data_imports", "data_ready", "loader", "compiler_imports"]
+    assert got["imported"] and got["setup_imports"] < 50  # without the early import, about 600 modules
