@@ -97,17 +97,20 @@ class BackgroundCompile:
     nothing is left to compile at the first compiled call) and `take_over()` (between steps) has switched to the
     compiled version; `version` then changes, which tells a captured step to capture again. With inductor
     (`fill_first`), a second process (`CacheFill`) compiles the part first, from the first call on, and the thread
-    then compiles it from inductor's caches; where the GPU has too little free memory for the thread's copy, the
-    training thread compiles it from those caches at the takeover instead (`notice` says so)."""
+    then compiles it from inductor's caches (at once, with no second process, when this machine compiled the part
+    before); where the GPU has too little free memory for the thread's copy, the training thread compiles it from
+    those caches at the takeover instead (`notice` says so)."""
 
-    def _init_background(self, background: bool, backend: str) -> None:
+    def _init_background(self, background: bool, backend: str, cached: bool) -> None:
         self.background, self.version, self.backend = background, 0, backend
         self._example: tuple | None = None  # the first call's inputs, for a background compile
         self._thread: threading.Thread | None = None
         self._compiled = False  # set by the thread; taken over by the training thread between steps
         self.failure: str | None = None  # why a background compile failed (the part then stays uncompiled)
         self.notice: str | None = None  # why the part compiles at the takeover instead (too little GPU memory)
-        self.fill_first = background and backend == "inductor"  # the other backends keep no caches to fill
+        # the other backends keep no caches to fill; with `cached` (this machine compiled the part before) the cache
+        # holds every graph already, and the thread takes them from there at once
+        self.fill_first = background and backend == "inductor" and not cached
         self.fill: CacheFill | None = None
 
     @property
@@ -234,13 +237,18 @@ class CompiledForward(BackgroundCompile, nn.Module):
     backward at the run's batch take about as much GPU memory again as the step, while they run."""
 
     def __init__(
-        self, model: DetectionModel, mode: str = "layers", backend: str = "inductor", background: bool = False
+        self,
+        model: DetectionModel,
+        mode: str = "layers",
+        backend: str = "inductor",
+        background: bool = False,
+        cached: bool = False,
     ):
         super().__init__()
         if mode not in FORWARD_MODES:
             raise ValueError(f"compile mode {mode!r}: choose {', '.join(FORWARD_MODES)}")
         _configure()
-        self._init_background(background, backend)
+        self._init_background(background, backend, cached)
         self.model, self.mode = model, mode
         # plain attributes, not submodules: the parameters are registered once, through self.model
         self.__dict__["_calls"] = self._compiled_calls(model)
@@ -309,9 +317,9 @@ class CompiledLoss(BackgroundCompile):
     break would mean a host synchronisation, which the captured step cannot take). With `background`, compiled in
     a thread (`BackgroundCompile`)."""
 
-    def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False):
+    def __init__(self, loss: DetectionLoss, backend: str = "inductor", background: bool = False, cached: bool = False):
         _configure()
-        self._init_background(background, backend)
+        self._init_background(background, backend, cached)
         self.loss = loss
         self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
         self.key: tuple | None = None  # the prediction shapes that run compiled
@@ -436,10 +444,12 @@ def import_compiler() -> None:
     lookup_backend("inductor")
 
 
-def compiled(model: DetectionModel, mode: str, background: bool = False) -> nn.Module:
+def compiled(model: DetectionModel, mode: str, background: bool = False, cached: bool = False) -> nn.Module:
     """The module the training step runs: its `CompiledForward` in the forward modes (compiled in a thread with
-    `background`), else the model itself."""
-    return CompiledForward(model, mode, background=background) if mode in FORWARD_MODES else model
+    `background`, without a second process first when `cached`), else the model itself."""
+    if mode not in FORWARD_MODES:
+        return model
+    return CompiledForward(model, mode, background=background, cached=cached)
 
 
 def loss_compiled(mode: str, enabled: bool = True) -> bool:
@@ -448,8 +458,8 @@ def loss_compiled(mode: str, enabled: bool = True) -> bool:
 
 
 def compiled_loss(
-    loss: DetectionLoss, mode: str, enabled: bool = True, background: bool = False
+    loss: DetectionLoss, mode: str, enabled: bool = True, background: bool = False, cached: bool = False
 ) -> DetectionLoss | CompiledLoss:
     """The loss the training step runs: `CompiledLoss` where `loss_compiled` says so (compiled in the background
-    with `background`), else the loss itself."""
-    return CompiledLoss(loss, background=background) if loss_compiled(mode, enabled) else loss
+    with `background`, without a second process first when `cached`), else the loss itself."""
+    return CompiledLoss(loss, background=background, cached=cached) if loss_compiled(mode, enabled) else loss

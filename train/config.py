@@ -189,12 +189,13 @@ class TrainConfig:
         "train uncompiled (captured) and the compiled step takes over when ready. With inductor each part compiles "
         "first in a second process at a lower priority (its own CUDA context and GIL, at most the GPU memory free "
         "when it starts less 10%%), which fills inductor's cache; a thread on a copy of the model then compiles from "
-        "that cache (where the copy's step would not fit in the free GPU memory, the training thread compiles at the"
-        " takeover instead, for seconds). A failure in the second process leaves the part uncompiled, and a compile "
-        "still running when the run ends stops with it. On an H100, gelan-s at batch 128: the first step at 32 s "
-        "instead of about 4 minutes the first time, the run 0-8%% slower until the loss took over at 110 s and the "
-        "layers at 370 s; from the cache, the first step at 27 s instead of 45-47 s and the compiled step from about "
-        "135 s. --no-compile-background compiles before the first step, as each rank of a multi-GPU run does "
+        "that cache, at once when this machine compiled the same model and batch before (where the copy's step "
+        "would not fit in the free GPU memory, the training thread compiles at the takeover instead, for seconds). "
+        "A failure in the second process leaves the part uncompiled, and a compile still running when the run ends "
+        "stops with it. On an H100, gelan-s at batch 128: the first step at 32 s instead of about 4 minutes the "
+        "first time, the run 0-8%% slower until the loss took over at 110 s and the layers at 370 s; from the "
+        "cache, the first step at 27 s instead of 45-47 s and the compiled step from about 135 s. "
+        "--no-compile-background compiles before the first step, as each rank of a multi-GPU run does "
         "(docs/benchmarks.md)",
     )
     hyp: Hyp = option(factory=Hyp, cli=False)

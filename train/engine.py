@@ -35,7 +35,9 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, net: nn.Module, loss_fn, optimizer, scaler, ema, opts: StepOptions):
         self.model, self.net, self.optimizer = model, net, optimizer
-        self.loss_fn = compiled_loss(loss_fn, opts.compile, opts.compile_loss, opts.compile_background)
+        self.loss_fn = compiled_loss(
+            loss_fn, opts.compile, opts.compile_loss, opts.compile_background, opts.compile_cached
+        )
         self.scaler, self.ema, self.opts = scaler, ema, opts
         self.graphs = opts.cuda_graph and graphs_possible(next(model.parameters()).device)
         self.reset()
@@ -94,7 +96,7 @@ class TrainStep:
 
 def step_module(model: nn.Module, opts: StepOptions, ctx: DistContext) -> nn.Module:
     """What the step's forward runs: the model, compiled when opts.compile says so, DDP-wrapped under torchrun."""
-    net = compiled(model, opts.compile, opts.compile_background)
+    net = compiled(model, opts.compile, opts.compile_background, opts.compile_cached)
     if ctx.active:
         dev = ctx.device
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)

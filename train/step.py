@@ -117,6 +117,9 @@ class StepOptions:
     # what compiles does so beside the first steps, which run uncompiled; one process only (under DDP the step
     # cannot take over a part compiled in the background: its forward is the wrapper's)
     compile_background: bool = False
+    # this machine compiled the same forward and loss before (compiled.compiled_before): a background compile then
+    # takes every graph from inductor's cache in the thread, with no second process to fill it first
+    compile_cached: bool = False
 
 
 def autocast(device_type: str, dtype: torch.dtype | None, cache: bool = True) -> torch.autocast:

@@ -330,7 +330,7 @@ class Trainer:
         mode = self._compile_mode(st.batch)
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
-            self._background,
+            self._background, self.compiled_before,
         )  # fmt: skip
         net = step_module(self.model, opts, self.dist)
         self.step = TrainStep(self.model, net, self.loss_fn, st.optimizer, st.scaler, st.ema, opts)

@@ -180,6 +180,18 @@ def _compile_the_loss_in_both() -> None:
     assert counts["compile_cache_misses"] == 0 and counts["compile_cache_hits"] > 0, counts
     assert net.take_over()
     torch.testing.assert_close(net(preds, rows)[0], loss_fn(preds, rows)[0], rtol=1e-4, atol=1e-4)
+    # compiled on this machine before (`cached`): no second process, the thread takes every graph from the cache
+    torch._dynamo.reset()
+    counters.clear()
+    again = CompiledLoss(loss_fn, background=True, cached=True)
+    assert not again.fill_first
+    again(preds, rows)
+    again.start_background()
+    assert again.wait(timeout=900) and again.failure is None and again.fill is None, again.failure
+    counts = cache_counts()
+    assert counts["compile_cache_misses"] == 0 and counts["compile_cache_hits"] > 0, counts
+    assert again.take_over()
+    torch.testing.assert_close(again(preds, rows)[0], loss_fn(preds, rows)[0], rtol=1e-4, atol=1e-4)
 
 
 _ORPHANING_PARENT = """

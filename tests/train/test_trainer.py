@@ -489,6 +489,24 @@ def test_a_background_compile_still_running_when_the_run_ends_ends_with_it(subse
     assert loss.wait(timeout=60) and (loss.take_over() or "stopped" in loss.failure), loss.failure
 
 
+def test_a_run_this_machine_compiled_before_compiles_in_the_background_without_a_second_process(
+    subset, tmp_path, monkeypatch
+):
+    """The record a compiled run leaves (`note_compiled`) says inductor's cache holds every graph: a later run of
+    the same model and batch compiles its parts in the background straight from the cache, with no second process
+    to fill it first; without the record the second process fills it."""
+    from yolov9.train.compiled import note_compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    fresh = Trainer(_cfg(subset, tmp_path, epochs=1, name="fresh", compile="loss", compile_background=True))
+    fresh._setup()
+    assert not fresh.step.opts.compile_cached and fresh.step.loss_fn.fill_first
+    note_compiled(fresh.compile_sig)
+    again = Trainer(_cfg(subset, tmp_path, epochs=1, name="again", compile="loss", compile_background=True))
+    again._setup()
+    assert again.step.opts.compile_cached and again.step.loss_fn.background and not again.step.loss_fn.fill_first
+
+
 def test_training_allocates_in_expandable_segments_unless_the_user_chose(monkeypatch):
     from yolov9.train.cli import _expandable_segments
 
