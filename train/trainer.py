@@ -441,10 +441,12 @@ class Trainer:
         return self._finish(log, monitor)
 
     def _note_compiled(self, row: dict) -> None:
-        """Once the compiled forward has trained (after the first epoch, or when a background compile took over):
-        the record --compile auto's next run reads."""
+        """Once the compiled forward has trained (after the first epoch, or when the background compiles of every
+        part took over, so that inductor's cache holds them all): the record the next run reads (--compile auto's
+        choice, and a background compile with no second process)."""
         net = self.step.net
-        if isinstance(net, CompiledForward) and net.ready and not getattr(self, "_compile_noted", False):
+        ready = all(part.ready for part in self.step.background)
+        if isinstance(net, CompiledForward) and ready and not getattr(self, "_compile_noted", False):
             self._compile_noted = True
             note_compiled(self.compile_sig, row.get("compile_s"))
 

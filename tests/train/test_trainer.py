@@ -507,6 +507,23 @@ def test_a_run_this_machine_compiled_before_compiles_in_the_background_without_a
     assert again.step.opts.compile_cached and again.step.loss_fn.background and not again.step.loss_fn.fill_first
 
 
+def test_the_compiled_record_waits_for_every_part_compiled_in_the_background(subset, tmp_path, monkeypatch):
+    """The record says the cache holds every part: with the forward taken over and the loss still compiling (or
+    failed) there is none yet, so a later run does not skip the second process for a loss missing from the cache."""
+    from yolov9.train.compiled import compiled_before
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    trainer = Trainer(_cfg(subset, tmp_path, epochs=1, name="rec", compile="layers", compile_background=True))
+    trainer._setup()
+    forward, loss = trainer.step.background
+    forward.version = 1  # as at the forward's takeover
+    trainer._note_compiled({})
+    assert not compiled_before(trainer.compile_sig)
+    loss.version = 1
+    trainer._note_compiled({})
+    assert compiled_before(trainer.compile_sig)
+
+
 def test_training_allocates_in_expandable_segments_unless_the_user_chose(monkeypatch):
     from yolov9.train.cli import _expandable_segments
 
