@@ -222,7 +222,7 @@ class Trainer:
         saved = self.resume_ck["train"] if self.resume_ck is not None else {"epoch": -1, "batch": self.cfg.batch}
         self.started = self._loader(saved["epoch"] + 1, saved["batch"])
         self.startup["loader"] = _seconds_since_process_start()
-        if self._compile_mode(self.cfg.batch) != "off":  # after the workers' fork: none inherits a held import lock
+        if self._compile_choice(self.cfg.batch)[2] != "off":  # after the workers' fork: no held import lock in them
             import_compiler()
             self.startup["compiler_imports"] = _seconds_since_process_start()
 
@@ -309,17 +309,17 @@ class Trainer:
                 print(f"resuming from epoch {self.state.epoch + 2} of {cfg.epochs}")
         self._make_step()
 
-    def _compile_mode(self, batch: int) -> str:
-        """--compile's mode for a step of `batch` images (global); sets what the run's record of it needs."""
+    def _compile_choice(self, batch: int) -> tuple[dict, bool, str]:
+        """For a step of `batch` images (global): the compile's signature (the run's record of it), whether this
+        machine compiled it before, and --compile's mode."""
         cfg = self.cfg
-        self.compile_sig = signature(
+        sig = signature(
             self.model, batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
             loss=cfg.compile_loss, graphs=cfg.cuda_graph,
         )  # fmt: skip
-        self.compiled_before = compiled_before(self.compile_sig)
-        return resolve_mode(
-            cfg.compile, self.device, self.dist.active, self.run_images, self.compiled_before, self._background
-        )
+        before = compiled_before(sig)
+        mode = resolve_mode(cfg.compile, self.device, self.dist.active, self.run_images, before, self._background)
+        return sig, before, mode
 
     @property
     def _background(self) -> bool:
@@ -327,7 +327,7 @@ class Trainer:
 
     def _make_step(self) -> None:
         cfg, st = self.cfg, self.state
-        mode = self._compile_mode(st.batch)
+        self.compile_sig, self.compiled_before, mode = self._compile_choice(st.batch)
         opts = StepOptions(
             self.amp_dtype, cfg.channels_last, self.dist.world, cfg.clip, cfg.cuda_graph, mode, cfg.compile_loss,
             self._background, self.compiled_before,
