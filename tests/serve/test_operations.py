@@ -48,16 +48,24 @@ def _free(port: int) -> bool:
             return False
 
 
-def _gateway_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _gateway_port(block: tuple[int, int, int], servers: int) -> int:
+    """A free port that none of the servers' ports (picked first, not yet bound) is: the kernel hands out ports
+    near one another, and a Triton server that took the gateway's would answer its readiness checks."""
+    taken = {p + PORT_STEP * k for k in range(servers) for p in block}
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+    raise RuntimeError("no free gateway port")
 
 
 def _stack(engine, tmp_path, servers: int = 1, workers: int = 2, img: int = IMG) -> StackConfig:
     model = RepoConfig(kind="cpu", img=img, max_batch=8, queue_delay_us=1000)
-    return StackConfig(str(engine), str(tmp_path / "repo"), port=_gateway_port(), workers=workers,
-                       triton_ports=_free_block(servers), model=model, servers=servers)  # fmt: skip
+    block = _free_block(servers)
+    return StackConfig(str(engine), str(tmp_path / "repo"), port=_gateway_port(block, servers), workers=workers,
+                       triton_ports=block, model=model, servers=servers)  # fmt: skip
 
 
 def _kill(server) -> None:
