@@ -24,6 +24,7 @@ import pytest
 from tests.serve.conftest import IMG
 from yolov9.core.paths import sample_images
 from yolov9.serve.config import RepoConfig
+from yolov9.serve.processes import free_port
 from yolov9.serve.stack import PORT_STEP, ServingStack, StackConfig
 
 
@@ -53,10 +54,7 @@ def _gateway_port(block: tuple[int, int, int], servers: int) -> int:
     near one another, and a Triton server that took the gateway's would answer its readiness checks."""
     taken = {p + PORT_STEP * k for k in range(servers) for p in block}
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
+        if (port := free_port()) not in taken:
             return port
     raise RuntimeError("no free gateway port")
 
