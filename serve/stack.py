@@ -18,6 +18,7 @@ from yolov9.core.paths import sample_images
 from yolov9.serve.config import RepoConfig
 from yolov9.serve.deploy import serving_model
 from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.processes import require_free_ports
 from yolov9.serve.repository import build_repo
 from yolov9.serve.triton_server import TritonServer, exit_cause
 
@@ -69,8 +70,23 @@ class ServingStack:
             out.append(TritonServer(self.repo, ports, cfg.host, log, args, cfg.mps, env))
         return out
 
+    def _check_ports(self) -> None:
+        """Before anything starts: the gateway's port is none of the Triton servers' (one of them would take it and
+        answer the gateway's readiness checks) and is free now, so a taken port costs no Triton start."""
+        flags = ("--triton-http-port", "--triton-grpc-port", "--triton-metrics-port")
+        for k in range(self.cfg.servers):
+            for flag, port in zip(flags, self.cfg.triton_ports):
+                if port + PORT_STEP * k == self.cfg.port:
+                    server = f"Triton server {k}'s" if self.cfg.servers > 1 else "Triton's"
+                    raise BadInput(
+                        f"--port {self.cfg.port} is also {server} port ({flag}"
+                        f"{f' + {PORT_STEP * k}' if k else ''}): give the gateway another"
+                    )
+        require_free_ports(self.cfg.host, {"--port": self.cfg.port})
+
     def __enter__(self) -> ServingStack:
         cfg = self.cfg
+        self._check_ports()
         print(f"logs in {self.log_dir} (triton*.log, gateway.log)", flush=True)
         self.repo = Path(cfg.repo or tempfile.mkdtemp(prefix="yolov9-repo-"))
         build_repo(cfg.engine, self.repo, cfg.model)  # a fresh repository: version 1 of this engine

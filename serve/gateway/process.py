@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,18 +68,31 @@ class GatewayProcess(ManagedProcess):
             raise Unavailable(f"gateway not ready after {timeout:.0f} s: {detail}")
 
     def _poll(self, path: str, timeout: float, request_timeout: float) -> str | None:
-        """GET path until it answers 200 (None) or timeout passes (the last answer or error); a gateway process
-        that exits meanwhile is an error with its exit code."""
+        """GET path until the gateway answers 200 with its own JSON status (None) or timeout passes (the last
+        answer or error); a gateway process that exits meanwhile is an error with its exit code. Another server on
+        the port (one that took it first) answers 200 too, but not with the gateway's body."""
         deadline, last = time.time() + timeout, "no answer"
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise Unavailable(f"gateway exited with code {self.proc.returncode}")
             try:
-                with urllib.request.urlopen(f"{self.url}{path}", timeout=request_timeout):
+                with urllib.request.urlopen(f"{self.url}{path}", timeout=request_timeout) as r:
+                    body = r.read()
+                if _gateway_status(body):
                     return None
+                last = f"not the gateway's answer: {body[:80]!r}"
             except urllib.error.HTTPError as e:
                 last = e.read().decode(errors="replace")
             except OSError as e:
                 last = str(e)
             time.sleep(0.2)
         return last
+
+
+def _gateway_status(body: bytes) -> bool:
+    """Whether a 200's body is the gateway's health answer ({"status": "ok" | "ready", ...})."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("status") in ("ok", "ready")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import psutil
@@ -18,9 +19,11 @@ import pytest
 import torch
 
 from tests.serve.conftest import free_port
+from yolov9.core.errors import BadInput, Unavailable
 from yolov9.serve.gateway import workers
 from yolov9.serve.gateway.process import GatewayProcess
 from yolov9.serve.mps import MpsDaemon
+from yolov9.serve.stack import ServingStack, StackConfig
 
 
 def _connections_per_worker(gw: GatewayProcess) -> dict[int, int]:
@@ -68,6 +71,52 @@ def test_workers_share_keepalive_connections_and_a_dead_worker_is_replaced():
             time.sleep(0.2)
         assert len(pids) == 4 and victim not in pids, pids
         assert all(httpx.get(f"{gw.url}/healthz").status_code == 200 for _ in range(8))
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    """Another server's 200 on every path, as Triton's metrics endpoint answers."""
+
+    def do_GET(self):
+        body = b"# HELP nv_inference_count Number of inferences\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_gateway_whose_port_another_server_answers_on_is_not_taken_for_ready(tmp_path):
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port = other.server_address[1]
+        gw = GatewayProcess(["127.0.0.1:1"], port=port, log_file=tmp_path / "gw.log")
+        with pytest.raises(Unavailable, match="gateway exited with code"):
+            gw.start(timeout=60)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert not gw.running()
+
+
+@pytest.mark.parametrize("servers,port_of", [(1, lambda p: p[2]), (2, lambda p: p[1] + 10)])
+def test_a_gateway_port_that_is_a_triton_port_is_refused_before_anything_starts(tmp_path, servers, port_of):
+    ports = (free_port(), free_port(), free_port())
+    cfg = StackConfig(str(tmp_path / "none.onnx"), port=port_of(ports), triton_ports=ports, servers=servers)
+    with pytest.raises(BadInput, match=f"--port {cfg.port} is also Triton"):
+        ServingStack(cfg).__enter__()
+
+
+def test_a_gateway_port_in_use_is_refused_before_triton_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = StackConfig(str(tmp_path / "none.onnx"), port=taken.getsockname()[1], repo=str(tmp_path / "repo"))
+        with pytest.raises(Unavailable, match="--port"):
+            ServingStack(cfg).__enter__()
+    assert not (tmp_path / "repo").exists(), "the repository was built before the port was checked"
 
 
 @pytest.mark.skipif(not workers.supported(), reason="SO_REUSEPORT balancing is Linux-only")
