@@ -152,6 +152,7 @@ class Trainer:
         self.startup["model"] = _seconds_since_process_start()
         self.prewarm_parts: dict[str, float] | None = None
         self.started: tuple[DataLoader, Iterator[Batch]] | None = None  # the loader started beside the warm-up
+        self._choice: tuple[int, tuple[dict, bool, str]] | None = None  # _compile_choice's, for the batch it was for
         if self._prewarms():  # the images are cached and the loader started in a thread while this one warms the GPU
             # (the thread starts once the warm-up's copy of the model is made)
             _beside(lambda: self._datasets_and_loader(spec, train_index), self._prewarm)
@@ -311,15 +312,18 @@ class Trainer:
 
     def _compile_choice(self, batch: int) -> tuple[dict, bool, str]:
         """For a step of `batch` images (global): the compile's signature (the run's record of it), whether this
-        machine compiled it before, and --compile's mode."""
-        cfg = self.cfg
-        sig = signature(
-            self.model, batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
-            loss=cfg.compile_loss, graphs=cfg.cuda_graph,
-        )  # fmt: skip
-        before = compiled_before(sig)
-        mode = resolve_mode(cfg.compile, self.device, self.dist.active, self.run_images, before, self._background)
-        return sig, before, mode
+        machine compiled it before, and --compile's mode. Made once per batch: the warm-up's data thread asks first
+        (whether to import the compiler), the step's set-up again (another batch after --batch -1)."""
+        if self._choice is None or self._choice[0] != batch:
+            cfg = self.cfg
+            sig = signature(
+                self.model, batch // self.dist.world, cfg.img, self.amp_dtype, channels_last=cfg.channels_last,
+                loss=cfg.compile_loss, graphs=cfg.cuda_graph,
+            )  # fmt: skip
+            before = compiled_before(sig)
+            mode = resolve_mode(cfg.compile, self.device, self.dist.active, self.run_images, before, self._background)
+            self._choice = batch, (sig, before, mode)
+        return self._choice[1]
 
     @property
     def _background(self) -> bool:
