@@ -3,17 +3,11 @@ copy of the model on a synthetic batch of the run's shape, run by the training t
 and caches the images. A process's first step pays once for cuDNN timing every convolution's algorithms (forward
 and both backwards), loading each kernel and initialising the libraries; that is per shape and thread, not per
 model instance, so the real first step finds it done. The copy keeps the run's model, BatchNorm statistics,
-gradients and random streams untouched.
-
-cuDNN's timing is mostly the host's work (building and checking plans), so with it on the warm-up times in two
-threads at once: a helper thread runs the copy's forward and backward (the backward's choices land in autograd's
-device thread, which every thread's backward shares) while the training thread runs the forward of a second copy
-alone, without gradients (its choices stay in this thread's cache, where the training forward looks them up)."""
+gradients and random streams untouched."""
 
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections.abc import Callable
 
@@ -25,14 +19,7 @@ from yolov9.train.config import LossGains
 from yolov9.train.data.targets import pad_to, target_capacity
 from yolov9.train.ema import ModelEMA
 from yolov9.train.loss import DetectionLoss
-from yolov9.train.step import (
-    StepOptions,
-    build_optimizer,
-    forward_backward,
-    make_scaler,
-    optimizer_step,
-    train_forward,
-)
+from yolov9.train.step import StepOptions, build_optimizer, forward_backward, make_scaler, optimizer_step
 
 BOXES = 8  # synthetic boxes per image, padded to the target capacity as the captured step pads a real batch
 
@@ -76,48 +63,13 @@ def _step_on_a_copy(
     scaler = make_scaler(device, opts.amp_dtype)
     lap("copy")
     then()
-    if device.type == "cuda" and torch.backends.cudnn.benchmark:
-        _forward_beside_backward(twin, imgs, targets, loss_fn, scaler, opts)
-    else:
-        forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
+    forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
     lap("forward_backward")
     # built after the forward and backward: an optimizer's first use imports torch._dynamo (seconds), which the
     # trainer's data thread imports meanwhile (with torchvision) while cuDNN times the convolutions
     optimizer = build_optimizer(twin, "SGD", 0.01, 0.9, 5e-4)
     optimizer_step(twin, optimizer, scaler, ModelEMA(twin), opts.clip)
     lap("optimizer")
-
-
-def _forward_beside_backward(
-    twin: nn.Module,
-    imgs: torch.Tensor,
-    targets: torch.Tensor,
-    loss_fn: DetectionLoss,
-    scaler: torch.amp.GradScaler,
-    opts: StepOptions,
-) -> None:
-    """`twin`'s forward and backward in a helper thread, and meanwhile on this thread a second copy's forward alone
-    (no gradients): cuDNN times both threads' convolutions at once. A failure in either is raised here."""
-    failed: list[BaseException] = []
-
-    def forward_and_backward() -> None:
-        try:
-            forward_backward(twin, imgs, targets, loss_fn, scaler, opts)
-            synchronized_time(imgs.device)  # the GPU's work done on this thread, where a failure is caught
-        except BaseException as e:  # noqa: BLE001 (raised again on the warm-up's thread)
-            failed.append(e)
-
-    alone = copy.deepcopy(twin)
-    helper = threading.Thread(target=forward_and_backward, name="yolov9-warm-up-backward", daemon=True)
-    helper.start()
-    try:
-        with torch.no_grad():
-            train_forward(alone, imgs, opts)
-        synchronized_time(imgs.device)
-    finally:
-        helper.join()
-    if failed:
-        raise failed[0]
 
 
 def prewarm(

@@ -127,16 +127,6 @@ def autocast(device_type: str, dtype: torch.dtype | None, cache: bool = True) ->
     return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None, cache_enabled=cache)
 
 
-def train_forward(model: nn.Module, imgs: torch.Tensor, opts: StepOptions = StepOptions(), autocast_cache: bool = True):
-    """The training forward: uint8 images to the device (channels-last there when asked), normalised, autocast."""
-    dev = next(model.parameters()).device
-    x = imgs.to(dev, non_blocking=True)
-    if opts.channels_last and dev.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    with autocast(dev.type, opts.amp_dtype, autocast_cache):
-        return model(to_input(x))
-
-
 def forward_backward(
     model: nn.Module,
     imgs: torch.Tensor,
@@ -150,12 +140,17 @@ def forward_backward(
     Under DDP (opts.world ranks) the loss is scaled by world: DDP averages gradients over ranks, and the official
     loss is a sum over the batch, so this keeps the gradient of one process with the global batch. A CUDA graph
     capture needs autocast_cache=False (autocast's cache of cast weights cannot outlive the capture)."""
+    amp_dtype, channels_last, world = opts.amp_dtype, opts.channels_last, opts.world
     dev = next(model.parameters()).device
-    preds = train_forward(model, imgs, opts, autocast_cache)
+    x = imgs.to(dev, non_blocking=True)
+    if channels_last and dev.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with autocast(dev.type, amp_dtype, autocast_cache):
+        preds = model(to_input(x))
     loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
     # NaN times a non-finite loss makes every gradient NaN (on every rank, after DDP's all-reduce): the step skips
     # on the device instead of the host testing the loss
-    factor = torch.where(torch.isfinite(loss), float(opts.world), torch.nan)
+    factor = torch.where(torch.isfinite(loss), float(world), torch.nan)
     scaler.scale(loss * factor).backward()
     return loss.detach(), items  # detached: a kept autograd graph would tie the next backward to this one
 

@@ -14,9 +14,8 @@ import torch
 from tests.conftest import tiny_train_config
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train.data.targets import target_capacity
-from yolov9.train.loss import DetectionLoss
-from yolov9.train.prewarm import BOXES, _forward_beside_backward, prewarm, synthetic_batch
-from yolov9.train.step import StepOptions, make_scaler
+from yolov9.train.prewarm import BOXES, prewarm, synthetic_batch
+from yolov9.train.step import StepOptions
 from yolov9.train.trainer import Trainer, _beside
 
 
@@ -73,21 +72,6 @@ def test_prewarm_times_the_convolutions_before_it_builds_an_optimizer(monkeypatc
     _warm_and_check(torch.device("cpu"), 2, 64, StepOptions(channels_last=False), then=lambda: calls.append("then"))
     # the data thread starts once the copy is made, so the copy's interpreter work does not share the lock with it
     assert calls == ["synthetic_batch", "then", "forward_backward", "build_optimizer"]
-
-
-def test_the_backward_timed_beside_the_forward_trains_the_copy_and_its_failure_is_raised_here():
-    """With cuDNN's timing on, the copy's forward and backward run in a helper thread beside a forward alone."""
-    twin = DetectionModel(load_cfg("gelan-t"), nc=3).train()
-    imgs, targets = synthetic_batch(2, 64, nc=3)
-    opts, scaler = StepOptions(channels_last=False), make_scaler(torch.device("cpu"), None)
-    _forward_beside_backward(twin, imgs, targets, DetectionLoss.for_model(twin), scaler, opts)
-    assert all(p.grad is not None for p in twin.parameters() if p.requires_grad)
-
-    def broken(*_a, **_k):
-        raise RuntimeError("CUDA out of memory")
-
-    with pytest.raises(RuntimeError, match="out of memory"):  # raised on the warm-up's thread, not lost in the helper
-        _forward_beside_backward(twin, imgs, targets, broken, scaler, opts)
 
 
 def test_the_data_thread_starts_even_when_the_warm_ups_copy_fails(monkeypatch):
