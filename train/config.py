@@ -149,9 +149,8 @@ class TrainConfig:
         True,
         "on one GPU, run one training step of a copy of the model on a synthetic batch while a thread checks and "
         "caches the images and starts the loader's workers, so the first real step finds cuDNN's algorithm timing "
-        "and kernel loading done (seconds per shape; with the timing on, the backward is timed in a second thread "
-        "beside the forward) and the first batches built; the run's model, statistics and random streams are "
-        "untouched. Skipped with --batch -1 (its memory trials would see the copy's) and on "
+        "and kernel loading done (seconds per shape) and the first batches built; the run's model, statistics and "
+        "random streams are untouched. Skipped with --batch -1 (its memory trials would see the copy's) and on "
         "several GPUs",
     )
     sync_bn: bool = option(False, "synchronise BatchNorm statistics across the GPUs of a multi-GPU run (SyncBatchNorm)")
