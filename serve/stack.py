@@ -25,6 +25,11 @@ from yolov9.serve.triton_server import TritonServer, exit_cause
 PORT_STEP = 10  # server k of a stack listens on the first server's ports + 10 k
 
 
+def server_ports(first: tuple[int, int, int], k: int) -> tuple[int, int, int]:
+    """Server k's HTTP, gRPC and metrics ports, from the first server's."""
+    return tuple(p + PORT_STEP * k for p in first)
+
+
 @dataclass
 class StackConfig:
     engine: str  # engine file, checkpoint or zoo name
@@ -62,7 +67,7 @@ class ServingStack:
         args = ["--model-control-mode=explicit", f"--load-model={serving_model(self.repo, name)}"]
         out, gpus = [], _gpus()
         for k in range(cfg.servers):
-            ports = tuple(p + PORT_STEP * k for p in cfg.triton_ports)
+            ports = server_ports(cfg.triton_ports, k)
             env = {"CUDA_VISIBLE_DEVICES": str(k % gpus)} if gpus > 1 else {}
             if cfg.servers > 1:  # servers sharing the CPU: each its share of the cores, or their threads thrash
                 env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.servers))
@@ -75,8 +80,8 @@ class ServingStack:
         answer the gateway's readiness checks) and is free now, so a taken port costs no Triton start."""
         flags = ("--triton-http-port", "--triton-grpc-port", "--triton-metrics-port")
         for k in range(self.cfg.servers):
-            for flag, port in zip(flags, self.cfg.triton_ports):
-                if port + PORT_STEP * k == self.cfg.port:
+            for flag, port in zip(flags, server_ports(self.cfg.triton_ports, k)):
+                if port == self.cfg.port:
                     server = f"Triton server {k}'s" if self.cfg.servers > 1 else "Triton's"
                     raise BadInput(
                         f"--port {self.cfg.port} is also {server} port ({flag}"

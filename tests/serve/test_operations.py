@@ -25,7 +25,7 @@ from tests.serve.conftest import IMG
 from yolov9.core.paths import sample_images
 from yolov9.serve.config import RepoConfig
 from yolov9.serve.processes import free_port
-from yolov9.serve.stack import PORT_STEP, ServingStack, StackConfig
+from yolov9.serve.stack import ServingStack, StackConfig, server_ports
 
 
 def _free_block(servers: int) -> tuple[int, int, int]:
@@ -34,7 +34,7 @@ def _free_block(servers: int) -> tuple[int, int, int]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        ports = [base + d + PORT_STEP * k for k in range(servers) for d in range(3)]
+        ports = [p for k in range(servers) for p in server_ports((base, base + 1, base + 2), k)]
         if max(ports) < 65000 and all(_free(p) for p in ports):
             return base, base + 1, base + 2
     raise RuntimeError("no free port block")
@@ -52,7 +52,7 @@ def _free(port: int) -> bool:
 def _gateway_port(block: tuple[int, int, int], servers: int) -> int:
     """A free port that none of the servers' ports (picked first, not yet bound) is: the kernel hands out ports
     near one another, and a Triton server that took the gateway's would answer its readiness checks."""
-    taken = {p + PORT_STEP * k for k in range(servers) for p in block}
+    taken = {p for k in range(servers) for p in server_ports(block, k)}
     for _ in range(50):
         if (port := free_port()) not in taken:
             return port
