@@ -8,8 +8,10 @@ gradients and random streams untouched."""
 from __future__ import annotations
 
 import copy
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -22,6 +24,10 @@ from yolov9.train.loss import DetectionLoss
 from yolov9.train.step import StepOptions, build_optimizer, forward_backward, make_scaler, optimizer_step
 
 BOXES = 8  # synthetic boxes per image, padded to the target capacity as the captured step pads a real batch
+# the interpreter's switch interval while warming up (CPython's default: 5 ms). The warm-up's thread gives up the
+# interpreter lock in every operation's C++ part and must win it back from the data thread's imports and caching,
+# which hold it for up to the interval each time: with thousands of operations that wait is seconds of the start.
+WARM_UP_SWITCH_INTERVAL_S = 2e-4
 
 
 def synthetic_batch(
@@ -72,6 +78,17 @@ def _step_on_a_copy(
     lap("optimizer")
 
 
+@contextmanager
+def switch_interval(seconds: float) -> Iterator[None]:
+    """CPython's thread switch interval set to `seconds` inside the block (it is process-wide), then restored."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def prewarm(
     model: nn.Module,
     batch: int,
@@ -87,7 +104,8 @@ def prewarm(
     and, when it failed (e.g. out of memory at a large batch), why in one line: a failure costs only the warm-up,
     the first step then warms up as it would have. `then` is called once the copy is made (not if that failed):
     the trainer starts its data thread there, because the copy is interpreter work that the thread's imports would
-    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU."""
+    share the interpreter lock with, and the forward and backward that follow mostly wait for the GPU and cuDNN
+    (with a short switch interval, so that this thread wins the lock back quickly after each operation)."""
     device = next(model.parameters()).device
     parts: dict[str, float] = {}
     t = time.perf_counter()
@@ -100,7 +118,8 @@ def prewarm(
 
     error = None
     try:
-        _step_on_a_copy(model, batch, img, opts, gains, then, lap)
+        with switch_interval(WARM_UP_SWITCH_INTERVAL_S):
+            _step_on_a_copy(model, batch, img, opts, gains, then, lap)
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if device.type == "cuda":

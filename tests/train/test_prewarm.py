@@ -74,6 +74,26 @@ def test_prewarm_times_the_convolutions_before_it_builds_an_optimizer(monkeypatc
     assert calls == ["synthetic_batch", "then", "forward_backward", "build_optimizer"]
 
 
+def test_the_warm_up_runs_at_a_short_switch_interval_and_restores_it(monkeypatch):
+    """The warm-up's thread wins the interpreter lock back from the data thread after each operation; the
+    interval is process-wide, so it is restored afterwards, also when the warm-up fails."""
+    import yolov9.train.prewarm as warm
+
+    seen = []
+    real = warm.forward_backward
+    monkeypatch.setattr(warm, "forward_backward", lambda *a, **k: seen.append(sys.getswitchinterval()) or real(*a, **k))
+    before = sys.getswitchinterval()
+    _warm_and_check(
+        torch.device("cpu"), 2, 64, StepOptions(channels_last=False), then=lambda: seen.append(sys.getswitchinterval())
+    )
+    assert seen == [pytest.approx(warm.WARM_UP_SWITCH_INTERVAL_S)] * 2
+    assert sys.getswitchinterval() == before
+
+    monkeypatch.setattr(warm, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error")))
+    _, error = prewarm(DetectionModel(load_cfg("gelan-t"), nc=3), 2, 64, StepOptions(channels_last=False))
+    assert error == "RuntimeError: CUDA error" and sys.getswitchinterval() == before
+
+
 def test_the_data_thread_starts_even_when_the_warm_ups_copy_fails(monkeypatch):
     import yolov9.train.prewarm as warm
 
