@@ -20,6 +20,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
+from tritonclient.utils import InferenceServerException
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.errors import BadInput
@@ -49,6 +50,11 @@ def classify(e: Exception) -> BackendError:
     return BackendError("internal", msg[:300])
 
 
+def timed_out(e: Exception) -> bool:
+    """Whether a tritonclient call failed by its deadline, not by a refused connection or an error answer."""
+    return isinstance(e, InferenceServerException) and e.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 def model_name(base: str, version: int) -> str:
     """The Triton model that holds version `version` of model `base`."""
     return base if version == 1 else f"{base}__v{version}"
@@ -72,6 +78,7 @@ class Endpoint:
     infer: rpc.GRPCInferenceServiceStub
     metrics_url: str | None = None
     healthy: bool = False
+    slow_checks: int = 0  # health checks in a row that timed out while it was up
     versions: dict[int, str] = field(default_factory=dict)  # version -> state, from the repository index
     outstanding: int = 0
     requests: int = 0
@@ -94,6 +101,10 @@ class Endpoint:
             "latency_ms": round(self.latency_ms, 2) if self.latency_ms is not None else None,
         }
 
+
+# a health check that times out is a busy server as often as a hung one: an endpoint that was up stays in routing
+# until this many in a row have (a refused connection or an error answer takes it out at once)
+SLOW_CHECKS_BEFORE_DOWN = 3
 
 # short reconnect backoff: after a Triton restart the gateway recovers within about a second
 CHANNEL_ARGS = [
@@ -154,7 +165,9 @@ class TritonPool:
             metrics.WORKER_READY_AT.set(time.time())
 
     async def check(self, e: Endpoint) -> None:
-        """Healthy: the server answers and holds a ready version of the model."""
+        """Healthy: the server answers and holds a ready version of the model; an endpoint that was healthy is
+        taken out by an error answer or a refused connection at once, by timeouts after SLOW_CHECKS_BEFORE_DOWN in a
+        row (one slow answer under load would take a serving endpoint out of routing and make /readyz 503)."""
         try:
             index = await e.client.get_model_repository_index(client_timeout=max(self.health_interval_s, 1.0))
             versions = {}
@@ -163,9 +176,12 @@ class TritonPool:
                 if v is not None:
                     versions[v] = m.state or "UNAVAILABLE"
             e.versions = versions
-            e.healthy = e.serving is not None
-        except Exception:
-            e.healthy, e.versions = False, {}
+            e.healthy, e.slow_checks = e.serving is not None, 0
+        except Exception as err:
+            if e.healthy and timed_out(err) and e.slow_checks + 1 < SLOW_CHECKS_BEFORE_DOWN:
+                e.slow_checks += 1
+            else:
+                e.healthy, e.versions, e.slow_checks = False, {}, 0
         metrics.ENDPOINT_UP.labels(endpoint=e.url).set(1 if e.healthy else 0)
 
     def _pick(self, exclude: Endpoint | None = None) -> Endpoint:

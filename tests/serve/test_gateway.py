@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -21,7 +23,9 @@ from PIL import Image
 from tests.serve.conftest import CONF, IMG, STAND_IN, free_port
 from yolov9.core.coco_names import COCO_NAMES
 from yolov9.serve.detector import Detector, Request
+from yolov9.serve.gateway.backend import SLOW_CHECKS_BEFORE_DOWN, TritonPool
 from yolov9.serve.gateway.process import GatewayProcess
+from yolov9.serve.gateway.settings import Settings
 
 
 def _coco_images(coco48, n: int) -> list[bytes]:
@@ -307,6 +311,43 @@ def test_triton_down_gives_503_then_recovers(triton, gateway, coco48):
         codes.append((_post(gateway, good).status_code, httpx.get(f"{gateway.url}/readyz").status_code))
         time.sleep(0.1)
     assert codes[-4:] == [(200, 200)] * 4, codes
+
+
+def test_slow_health_checks_take_a_serving_endpoint_out_only_in_a_row(triton):
+    """A stopped Triton (its socket still takes connections) answers no health check: a busy server's slow answer
+    looks the same, so the endpoint stays in routing until SLOW_CHECKS_BEFORE_DOWN checks in a row time out; a
+    refused connection takes it out at once."""
+
+    async def go() -> None:
+        pool = TritonPool([triton.grpc_url], "yolov9")
+        closed = TritonPool([f"127.0.0.1:{free_port()}"], "yolov9")
+        try:
+            await pool.check_all()
+            e, up = pool.endpoints[0], []
+            assert e.healthy
+            os.kill(triton.proc.pid, signal.SIGSTOP)
+            try:
+                for _ in range(SLOW_CHECKS_BEFORE_DOWN):
+                    await pool.check_all()
+                    up.append((e.healthy, await pool.ready()))
+            finally:
+                os.kill(triton.proc.pid, signal.SIGCONT)
+            assert up == [(True, True)] * (SLOW_CHECKS_BEFORE_DOWN - 1) + [(False, False)]
+            deadline = time.monotonic() + 30
+            while not e.healthy and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                await pool.check_all()
+            assert e.healthy and e.slow_checks == 0
+            refused = closed.endpoints[0]
+            refused.healthy = True  # as if it had served until its server went away
+            await closed.check(refused)
+            assert not refused.healthy
+        finally:
+            await pool.close()
+            await closed.close()
+
+    asyncio.run(go())
+    time.sleep(2 * Settings().health_interval_s)  # the shared gateway's workers see Triton back before the next test
 
 
 def test_gateway_app_does_not_load_torch():
