@@ -20,7 +20,6 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from torch import nn
 from yolov9.core.model import DetectionModel, run_layers
 from yolov9.train.cache_fill import CacheFill, apply_compile_settings, compile_settings, tensor_like, tensor_meta
 from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
+from yolov9.train.gil import switch_interval
 from yolov9.train.loss import DetectionLoss
 
 COMPILE_MODES = ("auto", "off", "loss", "layers", "model")
@@ -73,21 +73,6 @@ def _configure() -> None:
 # Held by a background compile for as long as it runs: a CUDA graph capture (graphed_step.py) takes it first and
 # waits for a later step when it cannot, as a capture could be broken by another thread's compile and kernel loads.
 COMPILE_LOCK = threading.Lock()
-
-# How soon the interpreter hands the GIL to a waiting thread while a background compile runs (Python's default is
-# 5 ms): dynamo's tracing and inductor's code generation hold it for long stretches, and the training thread takes it
-# back after every CUDA call, loader queue read and pinned copy of a step.
-COMPILE_SWITCH_INTERVAL_S = 0.0002
-
-
-@contextlib.contextmanager
-def _switch_interval(seconds: float):
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 class BackgroundCompile:
@@ -168,7 +153,7 @@ class BackgroundCompile:
             self.notice, self._example, self._compiled = short, None, True
             return
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        with COMPILE_LOCK, _switch_interval(COMPILE_SWITCH_INTERVAL_S):
+        with COMPILE_LOCK, switch_interval():  # dynamo and inductor hold the interpreter for long stretches
             try:
                 torch.set_num_threads(threads)
                 if stream is not None:  # the copies were made on the training's stream

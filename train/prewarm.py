@@ -8,10 +8,8 @@ gradients and random streams untouched."""
 from __future__ import annotations
 
 import copy
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,14 +18,11 @@ from yolov9.core.device import synchronized_time
 from yolov9.train.config import LossGains
 from yolov9.train.data.targets import pad_to, target_capacity
 from yolov9.train.ema import ModelEMA
+from yolov9.train.gil import switch_interval
 from yolov9.train.loss import DetectionLoss
 from yolov9.train.step import StepOptions, build_optimizer, forward_backward, make_scaler, optimizer_step
 
 BOXES = 8  # synthetic boxes per image, padded to the target capacity as the captured step pads a real batch
-# the interpreter's switch interval while warming up (CPython's default: 5 ms). The warm-up's thread gives up the
-# interpreter lock in every operation's C++ part and must win it back from the data thread's imports and caching,
-# which hold it for up to the interval each time: with thousands of operations that wait is seconds of the start.
-WARM_UP_SWITCH_INTERVAL_S = 2e-4
 
 
 def synthetic_batch(
@@ -78,17 +73,6 @@ def _step_on_a_copy(
     lap("optimizer")
 
 
-@contextmanager
-def switch_interval(seconds: float) -> Iterator[None]:
-    """CPython's thread switch interval set to `seconds` inside the block (it is process-wide), then restored."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
 def prewarm(
     model: nn.Module,
     batch: int,
@@ -118,7 +102,7 @@ def prewarm(
 
     error = None
     try:
-        with switch_interval(WARM_UP_SWITCH_INTERVAL_S):
+        with switch_interval():  # the data thread imports and caches meanwhile
             _step_on_a_copy(model, batch, img, opts, gains, then, lap)
     except Exception as e:  # noqa: BLE001 (the warm-up is an optimisation: the run goes on without it)
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -17,7 +17,6 @@ from yolov9.train.compiled import (
     AUTO_LAYERS_COLD,
     AUTO_LAYERS_WARM,
     AUTO_MIN_IMAGES,
-    COMPILE_SWITCH_INTERVAL_S,
     CompiledForward,
     CompiledLoss,
     cache_dir,
@@ -28,6 +27,7 @@ from yolov9.train.compiled import (
     resolve_mode,
     signature,
 )
+from yolov9.train.gil import SHORT_SWITCH_INTERVAL_S
 
 
 @pytest.mark.parametrize(("cfg", "mode"), [("gelan-t", "layers"), ("yolov9-t", "model")])
@@ -343,13 +343,13 @@ def test_a_background_compile_hands_the_gil_back_sooner_while_it_runs():
 
     torch._dynamo.reset()
     before = sys.getswitchinterval()
-    assert before != COMPILE_SWITCH_INTERVAL_S
+    assert before != SHORT_SWITCH_INTERVAL_S
     model = DetectionModel("gelan-t", nc=3).train()
     net = CompiledLoss(DetectionLoss.for_model(model), backend=recording, background=True)
     net(model(torch.rand(2, 3, 64, 64)), boxes_in_first_image(5, nc=3))
     net.start_background()
     assert net.wait(timeout=120) and "recorded" in net.failure
-    assert seen == [pytest.approx(COMPILE_SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
+    assert seen == [pytest.approx(SHORT_SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
 
 
 @pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])  # yolov9's layers read split views of earlier layers

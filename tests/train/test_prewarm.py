@@ -14,6 +14,7 @@ import torch
 from tests.conftest import tiny_train_config
 from yolov9.core.model import DetectionModel, load_cfg
 from yolov9.train.data.targets import target_capacity
+from yolov9.train.gil import SHORT_SWITCH_INTERVAL_S
 from yolov9.train.prewarm import BOXES, prewarm, synthetic_batch
 from yolov9.train.step import StepOptions
 from yolov9.train.trainer import Trainer, _beside
@@ -86,7 +87,7 @@ def test_the_warm_up_runs_at_a_short_switch_interval_and_restores_it(monkeypatch
     _warm_and_check(
         torch.device("cpu"), 2, 64, StepOptions(channels_last=False), then=lambda: seen.append(sys.getswitchinterval())
     )
-    assert seen == [pytest.approx(warm.WARM_UP_SWITCH_INTERVAL_S)] * 2
+    assert seen == [pytest.approx(SHORT_SWITCH_INTERVAL_S)] * 2
     assert sys.getswitchinterval() == before
 
     monkeypatch.setattr(warm, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error")))
