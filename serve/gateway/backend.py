@@ -20,7 +20,6 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
-from tritonclient.utils import InferenceServerException
 
 from yolov9.core.detection_defaults import CONF, IOU, MAX_DET
 from yolov9.core.errors import BadInput
@@ -48,11 +47,6 @@ def classify(e: Exception) -> BackendError:
     if any(w in low for w in ("unavailable", "connect", "queue", "not ready", "exceeds", "unknown model", "not found")):
         return BackendError("unavailable", "inference server unavailable or its queue is full")
     return BackendError("internal", msg[:300])
-
-
-def timed_out(e: Exception) -> bool:
-    """Whether a tritonclient call failed by its deadline, not by a refused connection or an error answer."""
-    return isinstance(e, InferenceServerException) and e.status() == str(grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def model_name(base: str, version: int) -> str:
@@ -178,7 +172,7 @@ class TritonPool:
             e.versions = versions
             e.healthy, e.slow_checks = e.serving is not None, 0
         except Exception as err:
-            if e.healthy and timed_out(err) and e.slow_checks + 1 < SLOW_CHECKS_BEFORE_DOWN:
+            if e.healthy and classify(err).kind == "timeout" and e.slow_checks + 1 < SLOW_CHECKS_BEFORE_DOWN:
                 e.slow_checks += 1
             else:
                 e.healthy, e.versions, e.slow_checks = False, {}, 0
