@@ -97,6 +97,13 @@ def outputs(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in outputs(o)]
 
 
+def rows_per_image(b: int, n: int, nc: int, g: torch.Generator) -> torch.Tensor:
+    """(b * n, 6) target rows (image, class, xywh), n random boxes in each of b images, in image order."""
+    image = torch.arange(b).repeat_interleave(n).unsqueeze(1).float()
+    return torch.cat((image, torch.randint(0, nc, (b * n, 1), generator=g).float(),
+                      torch.rand(b * n, 4, generator=g) * 0.4 + 0.2), 1)  # fmt: skip
+
+
 def boxes_in_first_image(boxes: int, nc: int) -> torch.Tensor:
     """(boxes, 6) target rows (image 0, class, xywh) with every box in the first image, so the padded count grows."""
     return torch.cat([torch.zeros(boxes, 1), torch.randint(0, nc, (boxes, 1)), torch.rand(boxes, 2) * 0.6 + 0.2,
@@ -183,7 +190,11 @@ def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
 
 
 # the compile's cost is C++ code generation and the C++ compiler, not the tests' few forward passes
-AOTI_TEST_OPTIONS = {"aot_inductor.compile_wrapper_opt_level": "O0", "aot_inductor.debug_compile": True, "cpp.simdlen": 1}
+AOTI_TEST_OPTIONS = {
+    "aot_inductor.compile_wrapper_opt_level": "O0",
+    "aot_inductor.debug_compile": True,
+    "cpp.simdlen": 1,
+}
 
 
 @pytest.fixture(scope="session")

@@ -142,7 +142,7 @@ def _bench_mode(args, ds: DetectionDataset, ctx: distributed.DistContext, amp: s
         tw = time.perf_counter()
         batch = next(it)
         wait += time.perf_counter() - tw
-        train_step.micro(batch.images, batch.targets)
+        train_step.micro(batch.images, batch.rows)
         train_step.step()
 
     try:

@@ -7,7 +7,7 @@ compiles for static shapes, for the first input it sees; an input of another sha
 runs the uncompiled layers, so a new shape never costs a compile (a batch halved after CUDA ran out of memory
 trains uncompiled from then on). `CompiledLoss` is the loss and its assigner as one graph for the prediction shapes
 it first sees (mode `loss` compiles it alone, the forward modes with the forward), compiled once for any box count
-(a symbolic dimension); the targets are still padded to a power-of-two count (`target_capacity`, the loss
+(a symbolic dimension); the target rows are still padded to a power-of-two count (`target_capacity`, the loss
 unchanged) so that the captured step sees few shapes. Eagerly the loss is thousands of small elementwise kernels
 per step. The wrapped model is left as it is (state-dict keys, the EMA's copy and checkpoints are unchanged).
 Inductor's caches live in the user's cache folder, so a second run of the same model and shape on a machine starts
@@ -28,7 +28,7 @@ from torch import nn
 
 from yolov9.core.model import DetectionModel, run_layers
 from yolov9.train.cache_fill import CacheFill, apply_compile_settings, compile_settings, tensor_like, tensor_meta
-from yolov9.train.data.targets import pad_targets, pad_to, target_capacity
+from yolov9.train.data.targets import pad_rows, target_capacity
 from yolov9.train.gil import switch_interval
 from yolov9.train.loss import DetectionLoss
 
@@ -309,20 +309,19 @@ class CompiledLoss(BackgroundCompile):
         self._terms = torch.compile(loss.terms, dynamic=False, fullgraph=True, backend=backend)
         self.key: tuple | None = None  # the prediction shapes that run compiled
 
-    def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
+    def __call__(self, preds, targets: torch.Tensor):
         heads = self.loss.heads(preds)
         key = tuple((tuple(f.shape), f.dtype) for feats in heads for f in feats)
         if self.key is None:
             self.key = key
         if key != self.key:  # e.g. an epoch's short last batch
-            return self.loss(preds, targets, padded)
-        gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
-        gt = pad_to(gt, target_capacity(gt.shape[1]))
+            return self.loss(preds, targets)
+        gt = pad_rows(targets, target_capacity(targets.shape[0]))
         if not self.ready:
             if self._example is None:
                 self._keep_example(([[f.detach().clone() for f in feats] for feats in heads], gt.clone()))
-            return self.loss(heads, gt, padded=True)
-        torch._dynamo.mark_dynamic(gt, 1)  # the box count is symbolic: one compile serves every capacity of a run
+            return self.loss(heads, gt)
+        torch._dynamo.mark_dynamic(gt, 0)  # the box count is symbolic: one compile serves every capacity of a run
         return self._terms(heads, gt, *self.loss.constants(heads[0]))
 
     def _example_device(self) -> torch.device:
@@ -331,7 +330,7 @@ class CompiledLoss(BackgroundCompile):
     def _compile_example(self) -> None:
         heads, gt = self._example
         heads = [[f.clone().requires_grad_() for f in feats] for feats in heads]
-        torch._dynamo.mark_dynamic(gt, 1)
+        torch._dynamo.mark_dynamic(gt, 0)
         self._terms(heads, gt, *self.loss.constants(heads[0]))[0].backward()
 
     def cache_spec(self) -> dict:

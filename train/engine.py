@@ -170,7 +170,7 @@ def train_one_epoch(
                 accumulate = warmup(state.optimizer, ni, plan, plan.lr_factor(epoch))
             optimize = ni - state.last_opt_step >= accumulate
             # gradients of accumulation steps stay local; the optimizer step's backward all-reduces them
-            loss, items = step.micro(batch.images, batch.targets, sync=optimize)
+            loss, items = step.micro(batch.images, batch.rows, sync=optimize)
             t_micro = time.perf_counter()
             bad_losses += ~torch.isfinite(loss)
             mloss = (mloss * i + torch.where(torch.isfinite(items), items, mloss)) / (i + 1)

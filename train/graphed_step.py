@@ -29,7 +29,7 @@ def graphs_possible(device: torch.device) -> bool:
 
 
 class GraphedStep:
-    """Call with a pinned uint8 batch (b, 3, h, w) and padded targets (b, n, 5); returns (loss, items) like
+    """Call with a pinned uint8 batch (b, 3, h, w) and its target rows (n, 6); returns (loss, items) like
     `forward_backward`. The first `warmup` calls of a shape run eagerly on a side stream (cuDNN picks its kernels,
     the loss caches its constants), the next captures and replays; a batch of another shape runs eagerly, and one
     with more boxes than the captured target buffer holds warms up and captures again with room for it (a
@@ -65,14 +65,14 @@ class GraphedStep:
         if self._versions() != self.versions:  # a compiled forward or loss is ready: warm up anew
             self.versions = self._versions()
             self.graph, self.out, self.eager_calls = None, None, 0
-        n = targets.shape[1]
-        if self.targets is None or n > self.targets.shape[1]:
+        n = targets.shape[0]
+        if self.targets is None or n > self.targets.shape[0]:
             if self.graph is not None and COMPILE_LOCK.locked():  # no capture until a background compile ends:
                 return self._eager(imgs, targets)  # keep replaying the graph for the batches that fit
             self._buffers(imgs, target_capacity(n))
         self.imgs.copy_(imgs, non_blocking=True)
         self.targets.zero_()
-        self.targets[:, :n].copy_(targets, non_blocking=True)
+        self.targets[:n].copy_(targets, non_blocking=True)
         if self.graph is None:
             if self.eager_calls < self.warmup:
                 self.eager_calls += 1
@@ -94,7 +94,7 @@ class GraphedStep:
     def _buffers(self, imgs: torch.Tensor, capacity: int) -> None:
         """(Re)allocate the static inputs; a graph captured on the old ones is dropped and warms up anew."""
         self.imgs = torch.empty(imgs.shape, dtype=imgs.dtype, device=self.device)
-        self.targets = torch.zeros(imgs.shape[0], capacity, 5, device=self.device)
+        self.targets = torch.zeros(capacity, 6, device=self.device)
         self.graph, self.out, self.eager_calls = None, None, 0
 
     def _step(self):

@@ -1,8 +1,9 @@
 """The YOLOv9 detection loss: task-aligned assignment, BCE classification, CIoU box and DFL terms, for any
 number of heads with their weights (GELAN: one head; YOLOv9: auxiliary 0.25 + main 1.0, as officially).
 
-Vectorised over the batch, with no host synchronisation: targets arrive padded per image, and branches that the
-official code takes on data-dependent conditions are computed unconditionally with masks.
+Vectorised over the batch, with no host synchronisation: targets arrive as one list of rows over the batch (with
+all-zero padding rows where a captured step needs a fixed count), and branches that the official code takes on
+data-dependent conditions are computed unconditionally with masks.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import torch.nn.functional as F
 from yolov9.core.boxes import bbox2dist, bbox_ciou, dist2bbox, make_anchors, xywh2xyxy
 from yolov9.core.modules import in_compiled_trace
 from yolov9.train.config import LossGains
-from yolov9.train.data.targets import pad_targets
 
 DUAL_HEAD_WEIGHTS = (0.25, 1.0)  # auxiliary, main
-COMPILED_CHUNK_BOXES = 128  # the box count the compiled assigner sizes its image chunks for
 
 
 class TaskAlignedAssigner:
     """Top-k anchors per ground truth by score^alpha * CIoU^beta, among anchors whose centre lies in the box.
 
-    Its metric is an (images, boxes, anchors) tensor per term, the largest transient of a training step at big
-    batches; images go through in chunks of at most `max_elements` such entries (same result, bounded memory)."""
+    The boxes come as one list of rows over the batch, each with its image, not padded per image: the metric is a
+    (boxes, anchors) tensor per term, so its cost follows the batch's boxes rather than images times the most
+    boxes of one image (a mosaic of crowded images pads every image to that count). Each image's rows keep their
+    order, so ties go where the official per-image argmax sends them. Eagerly, the per-box terms go through in
+    chunks of at most `max_elements` entries (same result, bounded memory)."""
 
     def __init__(
         self,
@@ -40,75 +42,84 @@ class TaskAlignedAssigner:
         self.max_elements = max_elements
 
     @torch.no_grad()
-    def __call__(self, pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt):
-        """pd_scores (b, A, nc) sigmoid; pd_bboxes (b, A, 4) xyxy px; anchors (A, 2) px; gt_labels (b, n, 1);
-        gt_bboxes (b, n, 4) xyxy px; mask_gt (b, n, 1). Returns target boxes, scores and the foreground mask."""
-        b, n = gt_bboxes.shape[:2]
-        if n == 0:
+    def __call__(self, pd_scores, pd_bboxes, anchors, gt_img, gt_labels, gt_bboxes, mask_gt):
+        """pd_scores (b, A, nc) sigmoid; pd_bboxes (b, A, 4) xyxy px; anchors (A, 2) px; per box row: gt_img (R,)
+        its image, gt_labels (R, 1), gt_bboxes (R, 4) xyxy px, mask_gt (R, 1) (0 for padding rows). Returns target
+        boxes, scores and the foreground mask, per image and anchor."""
+        b, num_anchors = pd_scores.shape[:2]
+        r = gt_bboxes.shape[0]
+        if r == 0:
             return (
                 torch.zeros_like(pd_bboxes),
                 torch.zeros_like(pd_scores),
                 torch.zeros(pd_scores.shape[:2], dtype=torch.bool, device=pd_scores.device),
             )
-        # compiled, the box count is symbolic: chunking by it would guard on it and recompile the loss whenever a
-        # batch's count changes the chunks, so the chunks are sized for a fixed count (memory grows with the count)
-        sized_for = COMPILED_CHUNK_BOXES if in_compiled_trace() else n
-        step = max(1, self.max_elements // (sized_for * anchors.shape[0]))
-        if step >= b:
-            return self._assign(pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt)
-        out = (
-            torch.empty_like(pd_bboxes),
-            torch.empty_like(pd_scores),
-            pd_scores.new_empty(b, pd_scores.shape[1], dtype=torch.bool),
-        )
-        for i in range(0, b, step):
-            chunk = (t[i : i + step] for t in (pd_scores, pd_bboxes))
-            gts = (t[i : i + step] for t in (gt_labels, gt_bboxes, mask_gt))
-            for o, r in zip(out, self._assign(*chunk, anchors, *gts)):
-                o[i : i + step] = r
-        return out
+        labels = gt_labels.long().squeeze(-1)  # (R,)
+        # compiled, the row count is symbolic and inductor fuses the terms: no chunks (they would guard on it)
+        step = r if in_compiled_trace() else max(1, self.max_elements // num_anchors)
+        if step >= r:
+            terms = self._box_terms(pd_scores, pd_bboxes, anchors, gt_img, labels, gt_bboxes, mask_gt)
+            align, overlaps, mask_pos = terms
+        else:
+            align, overlaps, mask_pos = (pd_scores.new_empty(r, num_anchors) for _ in range(3))
+            for i in range(0, r, step):
+                rows = slice(i, i + step)
+                part = self._box_terms(pd_scores, pd_bboxes, anchors, gt_img[rows], labels[rows], gt_bboxes[rows],
+                                       mask_gt[rows])  # fmt: skip
+                for o, t in zip((align, overlaps, mask_pos), part):
+                    o[rows] = t
+        return self._resolve(pd_scores, gt_img, labels, gt_bboxes, align, overlaps, mask_pos)
 
-    def _assign(self, pd_scores, pd_bboxes, anchors, gt_labels, gt_bboxes, mask_gt):
-        b, n = gt_bboxes.shape[:2]
-        num_anchors = anchors.shape[0]
-        labels = gt_labels.long().squeeze(-1)  # (b, n)
-        # score of each anchor for each gt's class, (b, n, A)
-        scores = pd_scores.permute(0, 2, 1).gather(1, labels.unsqueeze(-1).expand(b, n, num_anchors))
-        overlaps = bbox_ciou(gt_bboxes.unsqueeze(2), pd_bboxes.unsqueeze(1)).squeeze(3).clamp(0)
+    def _box_terms(self, pd_scores, pd_bboxes, anchors, gt_img, labels, gt_bboxes, mask_gt):
+        """Per box row and anchor: the alignment metric, the CIoU and the top-k candidates inside the box."""
+        scores = pd_scores[gt_img, :, labels]  # each box's class score at every anchor of its image, (R, A)
+        overlaps = bbox_ciou(gt_bboxes.unsqueeze(1), pd_bboxes[gt_img]).squeeze(-1).clamp(0)
         align = scores.pow(self.alpha) * overlaps.pow(self.beta)
         del scores
-
-        # anchor centre strictly inside the box by eps on all four sides, one (b, n, A) mask per side
+        # anchor centre strictly inside the box by eps on all four sides
         ax, ay = anchors[:, 0], anchors[:, 1]
-        x1, y1, x2, y2 = (c.unsqueeze(-1) for c in gt_bboxes.unbind(-1))  # (b, n, 1)
+        x1, y1, x2, y2 = (c.unsqueeze(-1) for c in gt_bboxes.unbind(-1))  # (R, 1)
         in_gts = ((ax - x1) > self.eps) & ((ay - y1) > self.eps) & ((x2 - ax) > self.eps) & ((y2 - ay) > self.eps)
         in_gts = in_gts.to(align.dtype)
-
-        topk_idx = torch.topk(align * in_gts, self.topk, dim=-1).indices  # (b, n, k)
-        topk_idx = torch.where(mask_gt.bool().expand(-1, -1, self.topk), topk_idx, 0)
+        topk_idx = torch.topk(align * in_gts, self.topk, dim=-1).indices  # (R, k)
+        topk_idx = torch.where(mask_gt.bool().expand(-1, self.topk), topk_idx, 0)
         in_topk = torch.zeros_like(align).scatter_add_(-1, topk_idx, torch.ones_like(topk_idx, dtype=align.dtype))
         in_topk = torch.where(in_topk > 1, 0, in_topk)
-        mask_pos = in_topk * in_gts * mask_gt
-        del in_topk, in_gts
+        return align, overlaps, in_topk * in_gts * mask_gt
 
-        # an anchor claimed by several gts goes to the one with the highest IoU
-        fg = mask_pos.sum(-2)  # (b, A)
-        best = torch.zeros_like(mask_pos).scatter_(1, overlaps.argmax(1, keepdim=True), 1.0)
-        mask_pos = torch.where((fg > 1).unsqueeze(1), best, mask_pos)
-        del best
-        fg = mask_pos.sum(-2)
-        gt_idx = mask_pos.argmax(-2)  # (b, A)
+    def _resolve(self, pd_scores, gt_img, labels, gt_bboxes, align, overlaps, mask_pos):
+        """One box per foreground anchor, and the targets. Per-image reductions over rows scatter into (b, A); row
+        numbers are floats there (exact below 2^24), as the values they are reduced beside."""
+        b, num_anchors = pd_scores.shape[:2]
+        r = gt_bboxes.shape[0]
+        per_image = align.new_zeros(b, num_anchors)
+        row = torch.arange(r, device=align.device, dtype=align.dtype).unsqueeze(-1)  # (R, 1)
+        no_row = align.new_full((b, num_anchors), float(r))
+        index = gt_img.unsqueeze(-1).expand(-1, num_anchors)
 
-        target_labels = labels.gather(1, gt_idx)
-        target_bboxes = gt_bboxes.gather(1, gt_idx.unsqueeze(-1).expand(-1, -1, 4))
+        # an anchor claimed by several boxes goes to its image's box of highest IoU (the first on a tie)
+        fg = per_image.index_add(0, gt_img, mask_pos)
+        best_iou = per_image.scatter_reduce(0, index, overlaps, "amax")  # IoUs are >= 0: zero is a neutral start
+        first_best = torch.where(overlaps == best_iou[gt_img], row, float(r))
+        best = no_row.scatter_reduce(0, index, first_best, "amin")
+        mask_pos = torch.where(fg[gt_img] > 1, (best[gt_img] == row).to(mask_pos.dtype), mask_pos)
+        fg = per_image.index_add(0, gt_img, mask_pos)
+
+        # each anchor's box: its one claiming row, else (a background anchor, zero weight) the image's first row,
+        # else a zero box, as the official argmax over zero-padded boxes gives
+        claimed = no_row.scatter_reduce(0, index, torch.where(mask_pos > 0, row, float(r)), "amin")
+        first = no_row[:, :1].scatter_reduce(0, gt_img.unsqueeze(-1), row, "amin")  # (b, 1)
+        gt_idx = torch.where(fg > 0, claimed, first).long()  # (b, A), r where the image has no rows
+        target_labels = F.pad(labels, (0, 1))[gt_idx]
+        target_bboxes = F.pad(gt_bboxes, (0, 0, 0, 1))[gt_idx]
 
         align = align * mask_pos
         pos_align = align.amax(-1, keepdim=True)
         pos_overlaps = (overlaps * mask_pos).amax(-1, keepdim=True)
-        norm = (align * pos_overlaps / (pos_align + self.eps)).amax(-2).unsqueeze(-1)  # (b, A, 1)
+        norm = per_image.scatter_reduce(0, index, align * pos_overlaps / (pos_align + self.eps), "amax")
         # the normalised score at each foreground anchor's class (no (b, A, nc) one-hot of int64)
         target_scores = torch.zeros_like(pd_scores).scatter_(
-            -1, target_labels.clamp(0).unsqueeze(-1), norm * (fg > 0).unsqueeze(-1)
+            -1, target_labels.clamp(0).unsqueeze(-1), (norm * (fg > 0)).unsqueeze(-1)
         )
         return target_bboxes, target_scores, fg > 0
 
@@ -162,36 +173,36 @@ class DetectionLoss:
         return cls(s["nc"], torch.tensor(s["strides"]), s["reg_max"], tuple(s["head_weights"]), LossGains(**s["gains"]),
                    TaskAlignedAssigner(**s["assigner"]))  # fmt: skip
 
-    def __call__(self, preds, targets: torch.Tensor, padded: bool = False):
+    def __call__(self, preds, targets: torch.Tensor):
         """preds: the model's training output (list of level maps, or list of such lists per head).
-        targets: rows (image, class, x, y, w, h) normalised, or (b, n, 5) already padded if `padded`."""
+        targets: rows (image, class, x, y, w, h) normalised; all-zero rows are padding (`pad_rows`)."""
         heads = self.heads(preds)
-        gt = targets if padded else pad_targets(targets, heads[0][0].shape[0])
-        return self.terms(heads, gt, *self.constants(heads[0]))
+        return self.terms(heads, targets, *self.constants(heads[0]))
 
     @staticmethod
     def heads(preds) -> list:
         """The model's training output as a list of heads, each a list of level maps."""
         return preds if isinstance(preds[0], (list, tuple)) else [preds]
 
-    def terms(self, heads: list, gt: torch.Tensor, anchors, stride_t, scale, gains):
-        """The loss of padded targets, given `constants`: tensors in, tensors out, no host synchronisation and no
+    def terms(self, heads: list, rows: torch.Tensor, anchors, stride_t, scale, gains):
+        """The loss of target rows, given `constants`: tensors in, tensors out, no host synchronisation and no
         Python state touched, so torch.compile can take it as one graph (train/compiled.py)."""
         feats0 = heads[0]
         b = feats0[0].shape[0]
         device = feats0[0].device  # the loss runs in fp32 whatever the autocast dtype
-        gt = gt.to(device=device, dtype=torch.float32)
-        gt_labels, gt_xywh = gt.split((1, 4), 2)
+        rows = rows.to(device=device, dtype=torch.float32)
+        gt_img, gt_labels, gt_xywh = rows.split((1, 1, 4), 1)
         gt_bboxes = xywh2xyxy(gt_xywh * scale)
-        mask_gt = gt_bboxes.sum(2, keepdim=True).gt(0).float()
+        mask_gt = gt_bboxes.sum(1, keepdim=True).gt(0).float()
+        gt = (gt_img.squeeze(-1).long(), gt_labels, gt_bboxes, mask_gt)
 
         loss = torch.zeros(3, device=device)
         for w, feats in zip(self.head_weights, heads):
-            loss = loss + w * self._head(feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt)
+            loss = loss + w * self._head(feats, anchors, stride_t, gt)
         loss = loss * gains
         return loss.sum() * b, loss.detach()
 
-    def _head(self, feats, anchors, stride_t, gt_labels, gt_bboxes, mask_gt) -> torch.Tensor:
+    def _head(self, feats, anchors, stride_t, gt: tuple[torch.Tensor, ...]) -> torch.Tensor:
         b = feats[0].shape[0]
         no = self.nc + 4 * self.reg_max
         # (b, anchors, no): from channels-last maps the permutes are views and the concatenation copies whole rows
@@ -204,11 +215,9 @@ class DetectionLoss:
 
         target_bboxes, target_scores, fg = self.assigner(
             pred_scores.detach().sigmoid(),
-            (pred_bboxes.detach() * stride_t).to(gt_bboxes.dtype),
+            (pred_bboxes.detach() * stride_t).to(gt[2].dtype),
             anchors * stride_t,
-            gt_labels,
-            gt_bboxes,
-            mask_gt,
+            *gt,
         )
         target_bboxes = target_bboxes / stride_t
         norm = target_scores.sum().clamp(min=1)

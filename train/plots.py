@@ -189,11 +189,13 @@ def plot_batch(
     return out
 
 
-def training_batch_boxes(targets: torch.Tensor, hw: tuple[int, int]) -> list[torch.Tensor]:
-    """Padded targets (B, n, 5) class, x, y, w, h normalised -> per image (m, 5) class, x1, y1, x2, y2 pixels."""
+def training_batch_boxes(rows: torch.Tensor, images: int, hw: tuple[int, int]) -> list[torch.Tensor]:
+    """Target rows (n, 6) image, class, x, y, w, h normalised -> for each of the first `images` images (m, 5) class,
+    x1, y1, x2, y2 pixels."""
     h, w = hw
+    rows = rows.cpu().float()
     out = []
-    for t in targets.cpu().float():
-        t = t[t[:, 3:].sum(1) > 0]
+    for i in range(images):
+        t = rows[rows[:, 0] == i, 1:]
         out.append(torch.cat((t[:, :1], xywh2xyxy(t[:, 1:] * torch.tensor([w, h, w, h]))), 1))
     return out

@@ -16,7 +16,7 @@ from torch import nn
 
 from yolov9.core.device import synchronized_time
 from yolov9.train.config import LossGains
-from yolov9.train.data.targets import pad_to, target_capacity
+from yolov9.train.data.targets import pad_rows, target_capacity
 from yolov9.train.ema import ModelEMA
 from yolov9.train.gil import switch_interval
 from yolov9.train.loss import DetectionLoss
@@ -28,8 +28,8 @@ BOXES = 8  # synthetic boxes per image, padded to the target capacity as the cap
 def synthetic_batch(
     batch: int, img: int, nc: int, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (batch, 3, img, img) on `device` and padded targets (batch, target_capacity(BOXES), 5) on the CPU
-    of class, x, y, w, h (normalised; BOXES of them per image, then all-zero rows), from private generators (the
+    """uint8 images (batch, 3, img, img) on `device` and target rows (target_capacity(batch * BOXES), 6) on the CPU
+    of image, class, x, y, w, h (normalised; BOXES per image, then all-zero rows), from private generators (the
     run's random streams do not move). The images are drawn where they are used: the CPU's draw of a large batch
     would sit on the warm-up's path."""
     imgs = torch.randint(
@@ -41,10 +41,12 @@ def synthetic_batch(
         generator=torch.Generator(device).manual_seed(seed),
     )
     g = torch.Generator().manual_seed(seed)
-    cls = torch.randint(0, nc, (batch, BOXES, 1), generator=g).float()
-    xy = 0.2 + 0.6 * torch.rand(batch, BOXES, 2, generator=g)
-    wh = 0.05 + 0.3 * torch.rand(batch, BOXES, 2, generator=g)
-    return imgs, pad_to(torch.cat((cls, xy, wh), 2), target_capacity(BOXES))
+    n = batch * BOXES
+    image = torch.arange(batch).repeat_interleave(BOXES).unsqueeze(1).float()
+    cls = torch.randint(0, nc, (n, 1), generator=g).float()
+    xy = 0.2 + 0.6 * torch.rand(n, 2, generator=g)
+    wh = 0.05 + 0.3 * torch.rand(n, 2, generator=g)
+    return imgs, pad_rows(torch.cat((image, cls, xy, wh), 1), target_capacity(n))
 
 
 def _step_on_a_copy(

@@ -147,7 +147,7 @@ def forward_backward(
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast(dev.type, amp_dtype, autocast_cache):
         preds = model(to_input(x))
-    loss, items = loss_fn(preds, targets.to(dev, non_blocking=True), padded=True)
+    loss, items = loss_fn(preds, targets.to(dev, non_blocking=True))
     # NaN times a non-finite loss makes every gradient NaN (on every rank, after DDP's all-reduce): the step skips
     # on the device instead of the host testing the loss
     factor = torch.where(torch.isfinite(loss), float(world), torch.nan)

@@ -1,7 +1,8 @@
 """The trainer: `Trainer(TrainConfig).fit()` sets up data, model and training state (train/state.py), then per
 epoch runs `train_one_epoch` (train/engine.py), validates the EMA model, writes the checkpoints in the background and
 one log row; at the end it writes the plots and prints the per-class table. The step keeps the GPU fed: uint8
-batches cross the bus and are normalised on the device, targets arrive padded, and no step waits for the host."""
+batches cross the bus and are normalised on the device, targets arrive as rows over the batch, and no step waits for
+the host."""
 
 from __future__ import annotations
 
@@ -480,7 +481,7 @@ class Trainer:
             if k < 3 and epoch == 0 and self.main and self.resume_ck is None:
                 # copies of the images drawn: the batch's own (pinned) memory goes back to the allocator after its step
                 images = batch.images[: plots.BATCH_TILES].clone()
-                boxes = plots.training_batch_boxes(batch.targets[: plots.BATCH_TILES], batch.images.shape[2:])
+                boxes = plots.training_batch_boxes(batch.rows, len(images), batch.images.shape[2:])
                 self.plots.submit(plots.plot_batch, images, boxes, self.names, out=self.dir / f"train_batch{k}.jpg")
             yield batch
 
@@ -590,7 +591,8 @@ class Trainer:
             batch, found = p["sample"]
             from yolov9.train.validate import letterboxed_targets
 
-            gts = plots.training_batch_boxes(letterboxed_targets(batch, batch.images.shape[2:]), batch.images.shape[2:])
+            hw = batch.images.shape[2:]
+            gts = plots.training_batch_boxes(letterboxed_targets(batch, hw), len(batch.images), hw)
             plots.plot_batch(batch.images, gts, names, d / "val_batch0_labels.jpg")
             preds = [_to_letterbox(det, m) for det, m in zip(found, batch.metas)]
             plots.plot_batch(

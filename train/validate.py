@@ -24,7 +24,6 @@ from yolov9.core.errors import BadInput
 from yolov9.core.modules import raw_outputs
 from yolov9.core.postprocess import main_head, per_image, postprocess_flat
 from yolov9.train.data.dataset import Batch, DetectionDataset
-from yolov9.train.data.targets import pad_targets
 from yolov9.train.metrics import confusion_matrix, pr_curves
 from yolov9.train.stall import watched
 from yolov9.train.step import autocast
@@ -112,8 +111,8 @@ def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) 
 
 
 def letterboxed_targets(batch: Batch, hw: tuple[int, int]) -> torch.Tensor:
-    """The batch's targets (normalised to each original image) normalised to the letterboxed input of size hw, padded
-    per image: what the loss takes."""
+    """The batch's target rows (normalised to each original image) normalised to the letterboxed input of size hw:
+    what the loss takes."""
     rows = batch.rows.clone()
     if len(rows):
         meta = torch.tensor([[*m.orig_hw, m.ratio, *m.pad] for m in batch.metas], dtype=rows.dtype)[rows[:, 0].long()]
@@ -122,7 +121,7 @@ def letterboxed_targets(batch: Batch, hw: tuple[int, int]) -> torch.Tensor:
         rows[:, 3] = (rows[:, 3] * h0 * r + top) / h
         rows[:, 4] = rows[:, 4] * w0 * r / w
         rows[:, 5] = rows[:, 5] * h0 * r / h
-    return pad_targets(rows, len(batch.images))
+    return rows
 
 
 def _device_dtype(predict) -> tuple[torch.device, torch.dtype]:
@@ -155,7 +154,7 @@ def evaluate(
         if loss_fn is not None:  # the head's raw maps give the loss, and decode to what eval mode returns
             with raw_outputs(predict), autocast(device.type, amp):
                 raw = tree_map(lambda t: t.float(), predict(x))
-            losses.append(loss_fn(raw, letterboxed_targets(batch, x.shape[2:]).to(device), padded=True)[1])
+            losses.append(loss_fn(raw, letterboxed_targets(batch, x.shape[2:]).to(device))[1])
             pred = (predict.head if hasattr(predict, "head") else predict).decode_all(raw)
         else:
             pred = predict(x)

@@ -1,6 +1,6 @@
 """The compiled loss with a static box count (one compile per padded capacity) against a symbolic one (one compile
-per run, train/compiled.py): compile seconds at each capacity in turn and the steady milliseconds of the loss's
-forward and backward at each, on a model's real training output. Writes JSON.
+per run, train/compiled.py): compile seconds at each capacity of target rows in turn and the steady milliseconds of
+the loss's forward and backward at each, on a model's real training output. Writes JSON.
 Usage, from the checkout: PYTHONPATH=. python docs/scripts/loss_compile.py OUT.json [CFG] [BATCH] [IMG] [DEVICE]
 (defaults gelan-s 128 640 cuda; a CPU check: ... /tmp/lc.json gelan-t 2 64 cpu). Each mode compiles into its own
 fresh inductor cache folder, so both are cold."""
@@ -13,10 +13,10 @@ import time
 import torch
 
 from yolov9.core.model import DetectionModel
-from yolov9.train.data.targets import pad_targets, pad_to
+from yolov9.train.data.targets import pad_rows
 from yolov9.train.loss import DetectionLoss
 
-CAPACITIES = (64, 128, 256)
+CAPACITIES = (1024, 2048, 4096, 8192)  # rows over the batch (a mosaic batch of 128 has about 2,000)
 
 
 def _sync(device: torch.device) -> None:
@@ -26,10 +26,10 @@ def _sync(device: torch.device) -> None:
 
 def _targets(batch: int, boxes: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator().manual_seed(boxes)
-    rows = torch.cat([torch.arange(boxes)[:, None] % batch, torch.randint(0, 80, (boxes, 1), generator=g),
+    rows = torch.cat([torch.arange(boxes)[:, None] * batch // boxes, torch.randint(0, 80, (boxes, 1), generator=g),
                       torch.rand(boxes, 2, generator=g) * 0.6 + 0.2, torch.rand(boxes, 2, generator=g) * 0.2 + 0.02],
                      1).float()  # fmt: skip
-    return pad_targets(rows, batch).to(device)
+    return rows.to(device)
 
 
 def run_mode(dynamic: bool, cfg: str, batch: int, img: int, device: torch.device) -> dict:
@@ -48,9 +48,9 @@ def run_mode(dynamic: bool, cfg: str, batch: int, img: int, device: torch.device
     consts = loss.constants(heads[0])
     rows = []
     for cap in CAPACITIES:
-        gt = pad_to(_targets(batch, cap // 2 * batch, device), cap)  # half the capacity per image
+        gt = pad_rows(_targets(batch, cap // 2, device), cap)  # half the capacity real rows, in image order
         if dynamic:
-            torch._dynamo.mark_dynamic(gt, 1)
+            torch._dynamo.mark_dynamic(gt, 0)
         _sync(device)
         t0 = time.perf_counter()
         terms(heads, gt, *consts)[0].backward()

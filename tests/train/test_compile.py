@@ -147,11 +147,11 @@ def test_a_background_compile_starts_once_the_optimizer_step_is_captured_too():
 @pytest.mark.parametrize("cfg", ["gelan-t", "yolov9-t"])
 def test_compiled_loss_is_one_graph_equal_to_the_loss_and_other_shapes_run_uncompiled(cfg):
     """fullgraph tracing fails on any graph break (a host synchronisation the captured step could not take); the
-    targets are padded to a power-of-two box count, which leaves the loss as it is."""
+    target rows are padded to a power-of-two count, which leaves the loss as it is."""
     from torch._dynamo.utils import counters
 
     from yolov9.train.compiled import CompiledLoss
-    from yolov9.train.data.targets import pad_targets
+    from yolov9.train.data.targets import pad_rows
     from yolov9.train.loss import DetectionLoss
 
     torch._dynamo.reset()
@@ -163,11 +163,11 @@ def test_compiled_loss_is_one_graph_equal_to_the_loss_and_other_shapes_run_uncom
     preds = model(torch.rand(2, 3, 64, 64))
     rows = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [0, 2, 0.3, 0.6, 0.2, 0.2], [1, 0, 0.4, 0.4, 0.5, 0.5]])
     want = loss_fn(preds, rows)
-    for got in (net(preds, rows), net(preds, pad_targets(rows, 2), padded=True)):
+    for got in (net(preds, rows), net(preds, pad_rows(rows, 64))):
         torch.testing.assert_close(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
-    assert counters["stats"]["unique_graphs"] == 1  # 2 and 1 boxes per image both pad to 64
-    # 70 boxes in one image pad to 128: the box count is symbolic, so the same graph serves it
+    assert counters["stats"]["unique_graphs"] == 1  # 3 rows pad to 64
+    # 73 rows pad to 128: the row count is symbolic, so the same graph serves it
     many = torch.cat([rows, torch.cat([torch.zeros(70, 1), torch.rand(70, 1) * 3 // 1, torch.rand(70, 4) * 0.3
                                       + 0.2], 1)])  # fmt: skip
     torch.testing.assert_close(net(preds, many)[0], loss_fn(preds, many)[0])
@@ -208,13 +208,13 @@ def test_compiled_loss_gradients_equal_the_losss_at_every_box_count():
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_compiled_loss_chunks_the_assigner_without_recompiling_for_more_boxes():
-    """At big batches the assigner goes through the images in chunks; chunked by the symbolic box count, each new
-    count that changed the chunks recompiled the loss (seen on the H200 as a second compile mid-epoch). Here the
-    chunks are forced small, so box counts padded to 64, 128 and 256 would each chunk differently."""
+def test_compiled_loss_serves_every_box_count_where_the_eager_assigner_chunks():
+    """Eagerly the assigner goes through its box rows in chunks; chunked by the symbolic row count, each new count
+    that changed the chunks would recompile the loss (seen on the H200 as a second compile mid-epoch), so compiled it
+    takes them whole. Here the chunks are forced small, so row counts padded to 64, 128 and 256 chunk eagerly."""
     from torch._dynamo.utils import counters
 
-    from yolov9.train.loss import COMPILED_CHUNK_BOXES, DetectionLoss
+    from yolov9.train.loss import DetectionLoss
 
     torch._dynamo.reset()
     counters.clear()
@@ -223,9 +223,9 @@ def test_compiled_loss_chunks_the_assigner_without_recompiling_for_more_boxes():
     loss_fn = DetectionLoss.for_model(model)
     preds = model(torch.rand(4, 3, 64, 64))
     anchors = sum(f.shape[2] * f.shape[3] for f in loss_fn.heads(preds)[0])
-    loss_fn.assigner.max_elements = COMPILED_CHUNK_BOXES * anchors * 2  # two images per chunk when compiled
+    loss_fn.assigner.max_elements = 8 * anchors  # eagerly, eight box rows a chunk
     net = CompiledLoss(loss_fn, backend="eager")
-    for boxes in (3, 100, 200):  # all in the first image: capacities 64, 128, 256, eagerly 4, 2 and 1 images a chunk
+    for boxes in (3, 100, 200):  # capacities 64, 128, 256
         rows = boxes_in_first_image(boxes, nc=3)
         got, want = net(preds, rows), loss_fn(preds, rows)
         torch.testing.assert_close(got[0], want[0])

@@ -230,9 +230,9 @@ def test_loader_keys_carry_the_epoch(coco48):
     ds.images, ds.labels = ds.images[:6], ds.labels[:6]
     loader = train_loader(ds, EpochBatchSampler(len(ds), 4, start_epoch=5, epochs=7), workers=2)
     batches = list(loader)
-    assert len(batches) == 4 and [len(b[3]) for b in batches] == [4, 2, 4, 2]
-    direct = ds[(5, int(batches[0][3][0]))][0]
-    assert torch.equal(batches[0][0][0], direct)
+    assert len(batches) == 4 and [len(b.indices) for b in batches] == [4, 2, 4, 2]
+    direct = ds[(5, int(batches[0].indices[0]))][0]
+    assert torch.equal(batches[0].images[0], direct)
 
 
 def test_the_runs_first_batch_built_in_parts_is_the_same_batch(coco48):
@@ -244,7 +244,7 @@ def test_the_runs_first_batch_built_in_parts_is_the_same_batch(coco48):
     parts = list(run_batches(train_loader(ds, split, workers=2)))
     assert len(parts) == len(whole) == 4
     for a, b in zip(parts, whole):
-        for x, y in zip(a[:4], b[:4]):  # images, target rows, padded targets, indices
+        for x, y in zip(a[:3], b[:3]):  # images, target rows, indices
             assert torch.equal(x, y)
     assert parts[0].rows[:, 0].unique().numel() > 1  # the joined rows number their images past the first part
     assert len(list(EpochBatchSampler(2, 4, epochs=1, first_split=8))) == 2  # never an empty part

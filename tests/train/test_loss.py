@@ -1,4 +1,4 @@
-"""The detection loss reproduces the official values (single and dual head) and takes padded targets."""
+"""The detection loss reproduces the official values (single and dual head) and takes target rows with padding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from yolov9.core.boxes import make_anchors
-from yolov9.train.data.targets import pad_targets
+from yolov9.train.data.targets import pad_rows
 from yolov9.train.loss import DetectionLoss, TaskAlignedAssigner
 
 
@@ -25,12 +25,11 @@ def test_loss_matches_official(interop, name, heads):
         for h in range(2):
             _, per = DetectionLoss(80, torch.tensor([8.0, 16.0, 32.0]))(feats[h], torch.from_numpy(ref["targets"]))
             assert np.all(np.abs(per.numpy() - ref["loss_items_per_head"][h]) / ref["loss_items_per_head"][h] < 1e-4)
-    padded = pad_targets(torch.from_numpy(ref["targets"]), 2)
-    assert padded.shape == (2, 8, 5) and torch.all(padded[0, 7] == 0)
-    loss2, _ = loss_fn(preds, padded, padded=True)
+    padded = pad_rows(torch.from_numpy(ref["targets"]), 64)
+    loss2, _ = loss_fn(preds, padded)
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-6)
-    loss_fn.assigner.max_elements = 1  # one image per assigner chunk: still the official value
-    loss3, _ = loss_fn(preds, padded, padded=True)
+    loss_fn.assigner.max_elements = 1  # one box row per assigner chunk: still the official value
+    loss3, _ = loss_fn(preds, padded)
     assert loss3.item() == loss2.item()
 
 
@@ -42,7 +41,8 @@ def test_loss_without_targets_is_finite_and_has_no_box_terms():
 
 
 def _crowded_batch(b: int = 5, n: int = 12, nc: int = 7, size: int = 256):
-    """Predictions and many overlapping boxes (anchors claimed by several boxes), some rows padding."""
+    """Predictions and many overlapping boxes (anchors claimed by several boxes), as n rows per image of which
+    some are padding (all zero), in the middle of an image's rows too."""
     g = torch.Generator().manual_seed(0)
     feats = [torch.zeros(1, 1, size // s, size // s) for s in (8, 16, 32)]
     anchors, strides = make_anchors(feats, torch.tensor([8.0, 16.0, 32.0]), 0.5)
@@ -50,32 +50,46 @@ def _crowded_batch(b: int = 5, n: int = 12, nc: int = 7, size: int = 256):
     a = anchors.shape[0]
     centre, wh = torch.rand(b, a, 2, generator=g) * size, torch.rand(b, a, 2, generator=g) * 80 + 2
     pd_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1)
-    centre, wh = torch.rand(b, n, 2, generator=g) * size, torch.rand(b, n, 2, generator=g) * 120 + 8
-    mask = (torch.rand(b, n, 1, generator=g) > 0.25).float()
+    centre, wh = torch.rand(b * n, 2, generator=g) * size, torch.rand(b * n, 2, generator=g) * 120 + 8
+    mask = (torch.rand(b * n, 1, generator=g) > 0.25).float()
     gt_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1) * mask
-    labels = torch.randint(0, nc, (b, n, 1), generator=g).float() * mask
-    return torch.rand(b, a, nc, generator=g), pd_bboxes, anchors, labels, gt_bboxes, mask
+    labels = torch.randint(0, nc, (b * n, 1), generator=g).float() * mask
+    image = torch.arange(b).repeat_interleave(n)
+    return torch.rand(b, a, nc, generator=g), pd_bboxes, anchors, image, labels, gt_bboxes, mask
 
 
-def test_assigner_in_image_chunks_gives_the_same_assignment():
+def test_assigner_in_chunks_gives_the_same_assignment():
     batch = _crowded_batch()
     whole = TaskAlignedAssigner(7)(*batch)
-    assert whole[2].sum() > 20
-    for max_elements in (1, 2 * 12 * batch[2].shape[0]):  # one image per chunk; two
+    assert whole[2].sum() > 20 and (whole[2].sum(1) > 0).all()
+    for max_elements in (1, 7 * batch[2].shape[0]):  # one box row per chunk; seven
         for got, want in zip(TaskAlignedAssigner(7, max_elements=max_elements)(*batch), whole):
             assert torch.equal(got, want)
 
 
-def test_an_eager_assigner_sizes_its_chunks_by_its_boxes_while_another_thread_compiles(monkeypatch):
-    """The compiled assigner sizes its image chunks for a fixed box count; an eager call (the uncompiled loss while
-    the compiled one builds in the background) sizes them by its own count, though torch's compile flag is then
-    true process-wide."""
+def test_the_assignment_depends_on_each_images_boxes_not_on_the_padding():
+    """The same boxes without their padding rows, and then with all-zero rows after them (which a captured step's
+    buffer holds), give the same foreground and targets: ties go to the first of an image's boxes either way."""
+    pd_scores, pd_bboxes, anchors, image, labels, boxes, mask = _crowded_batch()
+    want_boxes, want_scores, want_fg = TaskAlignedAssigner(7)(*_crowded_batch())
+    keep = mask.squeeze(1) > 0
+    for pad in (0, 9):
+        rows = (image[keep], labels[keep], boxes[keep], mask[keep])
+        rows = [torch.cat((t, t.new_zeros(pad, *t.shape[1:]))) for t in rows]
+        got_boxes, got_scores, got_fg = TaskAlignedAssigner(7)(pd_scores, pd_bboxes, anchors, *rows)
+        assert torch.equal(got_fg, want_fg) and torch.equal(got_scores, want_scores)
+        assert torch.equal(got_boxes[want_fg], want_boxes[want_fg])  # elsewhere a box of zero weight
+
+
+def test_an_eager_assigner_chunks_its_rows_while_another_thread_compiles(monkeypatch):
+    """The compiled assigner takes its rows whole; an eager call (the uncompiled loss while the compiled one builds
+    in the background) still goes in chunks, though torch's compile flag is then true process-wide."""
     batch = _crowded_batch(b=6)
-    assigner = TaskAlignedAssigner(7, max_elements=2 * 12 * batch[2].shape[0])  # two images of 12 boxes per chunk
+    assigner = TaskAlignedAssigner(7, max_elements=24 * batch[2].shape[0])  # 24 box rows a chunk
     calls = []
-    inner = assigner._assign
-    monkeypatch.setattr(assigner, "_assign", lambda *a: calls.append(len(a[0])) or inner(*a))
+    inner = assigner._box_terms
+    monkeypatch.setattr(assigner, "_box_terms", lambda *a: calls.append(len(a[4])) or inner(*a))
     with torch.compiler._compile_session_context():  # what a compiling thread holds
         assert torch.compiler.is_compiling()
         assigner(*batch)
-    assert calls == [2, 2, 2]
+    assert calls == [24, 24, 24]

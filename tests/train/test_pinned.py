@@ -16,8 +16,8 @@ from yolov9.train.data.pinned import PinnedBatches, close_batches
 
 
 def _batch(k: int) -> Batch:
-    return Batch(torch.full((2, 3, 8, 8), k, dtype=torch.uint8), torch.zeros(0, 6), torch.zeros(2, 1, 5),
-                 torch.tensor([k, k]), None)  # fmt: skip
+    return Batch(torch.full((2, 3, 8, 8), k, dtype=torch.uint8), torch.full((1, 6), float(k)), torch.tensor([k, k]),
+                 None)  # fmt: skip
 
 
 def _dataset(coco48, n: int, img: int) -> DetectionDataset:
@@ -90,11 +90,11 @@ def test_on_the_gpu_batches_are_pinned_in_a_few_blocks(coco48):
     plain = list(train_loader(ds, EpochBatchSampler(len(ds), 4, epochs=1), workers=4))
     got = []
     for b in run:
-        assert b.images.is_pinned() and b.targets.is_pinned()
+        assert b.images.is_pinned() and b.rows.is_pinned()
         b.images.to("cuda", non_blocking=True)  # as the step copies it: the block is reused after the copy
-        got.append((b.images.clone(), b.targets.clone()))  # unpinned copies; the pinned batch goes
+        got.append((b.images.clone(), b.rows.clone()))  # unpinned copies; the pinned batch goes
         del b
     assert len(got) == len(plain) == 12
-    assert all(torch.equal(x, b.images) and torch.equal(t, b.targets) for (x, t), b in zip(got, plain))
+    assert all(torch.equal(x, b.images) and torch.equal(t, b.rows) for (x, t), b in zip(got, plain))
     if stats:  # images and targets of depth 2 + 1 being pinned + 1 in use + 1 being copied
         assert stats().get("num_host_alloc", 0) - before <= 2 * 5

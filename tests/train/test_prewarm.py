@@ -50,9 +50,11 @@ def _warm_and_check(device: torch.device, batch: int, img: int, opts: StepOption
 def test_synthetic_batch_has_the_runs_shape_and_valid_boxes():
     imgs, targets = synthetic_batch(4, 64, nc=5)
     assert imgs.shape == (4, 3, 64, 64) and imgs.dtype == torch.uint8
-    assert targets.shape == (4, target_capacity(BOXES), 5)
-    assert (targets[:, BOXES:] == 0).all()  # padding rows, as the captured step pads a batch
-    cls, xywh = targets[:, :BOXES, 0], targets[:, :BOXES, 1:]
+    n = 4 * BOXES
+    assert targets.shape == (target_capacity(n), 6)
+    assert (targets[n:] == 0).all()  # padding rows, as the captured step pads a batch
+    assert torch.equal(targets[:n, 0], torch.arange(4).repeat_interleave(BOXES).float())  # in image order
+    cls, xywh = targets[:n, 1], targets[:n, 2:]
     assert ((cls >= 0) & (cls < 5) & (cls == cls.round())).all()
     assert (xywh > 0).all() and (xywh[..., :2] + xywh[..., 2:] / 2 <= 1.0).all()
 
@@ -176,7 +178,7 @@ def test_the_loader_started_beside_the_warm_up_is_the_runs_loader(tiny_subset, t
     later = trainer._loader(0, 8)[1]
     for _ in range(3):  # across the first epoch's end
         a, b = next(batches), next(later)
-        assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+        assert torch.equal(a.images, b.images) and torch.equal(a.rows, b.rows)
     workers = loader._iterator._workers  # forked from the warm-up's thread: they must end as cleanly as others
     loader._iterator._shutdown_workers()
     assert [w.exitcode for w in workers] == [0, 0]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import rows_per_image
 from yolov9.train.ema import ModelEMA
 from yolov9.train.step import (
     AUTO_CUDNN_BENCHMARK_IMAGES,
@@ -33,7 +34,7 @@ def _imgs() -> torch.Tensor:
 
 
 def _loss(poison: bool = False):
-    def fn(preds, targets, padded=True):
+    def fn(preds, targets):
         loss = preds.float().square().mean() * (torch.nan if poison else 1.0)
         return loss, loss.detach().repeat(3)
 
@@ -41,7 +42,7 @@ def _loss(poison: bool = False):
 
 
 def _step(model, opt, scaler, ema=None, poison=False) -> torch.Tensor:
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(poison), scaler)
+    forward_backward(model, _imgs(), torch.zeros(0, 6), _loss(poison), scaler)
     return optimizer_step(model, opt, scaler, ema, 10.0)
 
 
@@ -57,7 +58,7 @@ def test_fused_step_equals_plain_sgd():
     opt_a, opt_b = build_optimizer(a, "SGD", 0.05, 0.937, 5e-4), _reference(b, 0.05)
     for _ in range(3):
         assert float(_step(a, opt_a, make_scaler(torch.device("cpu"), None))) == 0.0
-        forward_backward(b, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
+        forward_backward(b, _imgs(), torch.zeros(0, 6), _loss(), make_scaler(torch.device("cpu"), None))
         nn.utils.clip_grad_norm_(b.parameters(), 10.0)
         opt_b.step()
         opt_b.zero_grad()
@@ -93,7 +94,7 @@ def test_nonfinite_loss_skips_even_the_first_step_and_changes_nothing(optimizer,
 def test_state_of_an_unfused_optimizer_resumes_fused():
     model = _net()
     plain = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
+    forward_backward(model, _imgs(), torch.zeros(0, 6), _loss(), make_scaler(torch.device("cpu"), None))
     plain.step()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
     load_optimizer_state(opt, plain.state_dict())
@@ -104,7 +105,7 @@ def test_state_of_an_unfused_optimizer_resumes_fused():
 def test_step_needs_a_fused_optimizer():
     model = _net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    forward_backward(model, _imgs(), torch.zeros(2, 1, 5), _loss(), make_scaler(torch.device("cpu"), None))
+    forward_backward(model, _imgs(), torch.zeros(0, 6), _loss(), make_scaler(torch.device("cpu"), None))
     with pytest.raises(ValueError, match="fused optimizer"):
         optimizer_step(model, opt, make_scaler(torch.device("cpu"), None), None, 10.0)
 
@@ -122,9 +123,7 @@ def _gpu_setup(amp):
 def _gpu_batch(i: int, boxes: int = 1, b: int = 4):
     g = torch.Generator().manual_seed(i)
     imgs = torch.randint(0, 256, (b, 3, 128, 128), dtype=torch.uint8, generator=g).pin_memory()
-    xywh = torch.rand(b, boxes, 4, generator=g) * 0.4 + 0.2
-    cls = torch.randint(0, 3, (b, boxes, 1), generator=g).float()
-    return imgs, torch.cat((cls, xywh), -1).pin_memory()
+    return imgs, rows_per_image(b, boxes, 3, g).pin_memory()
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -209,20 +208,20 @@ def test_more_boxes_during_a_background_compile_run_eagerly_and_keep_the_graph(d
             COMPILE_LOCK.acquire()
         try:
             _, got = graphed(imgs, targets)
-            kept = graphed.targets.shape[1]
+            kept = graphed.targets.shape[0]
         finally:
             if locked:
                 COMPILE_LOCK.release()
         _, want = forward_backward(eager, imgs, targets, loss_fn, scaler)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         assert graphed.captures == captures, f"batch {i}"
-        assert kept == (64 if i < 4 else 128), f"batch {i}: the buffer holds {kept} boxes"
+        assert kept == (64 if i < 4 else 512), f"batch {i}: the buffer holds {kept} boxes"  # 8 and 360 rows
     for pa, pb in zip(eager.parameters(), graph_model.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5)
 
 
 class _Batches(torch.utils.data.Dataset):
-    """Whole batches of random uint8 images and padded targets, `boxes[i]` per image in batch i (seeded by
+    """Whole batches of random uint8 images and their target rows, `boxes[i]` per image in batch i (seeded by
     offset + i); the last is short if `short_last`. Served by a loader with workers and pinned memory, as in
     training: its pin thread works while the main thread captures."""
 
@@ -236,10 +235,7 @@ class _Batches(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(self.offset + i)
         b = max(1, self.batch // 2) if self.short_last and i == len(self.boxes) - 1 else self.batch
         imgs = torch.randint(0, 256, (b, 3, self.img, self.img), dtype=torch.uint8, generator=g)
-        n = self.boxes[i]
-        xywh = torch.rand(b, n, 4, generator=g) * 0.4 + 0.2
-        cls = torch.randint(0, 3, (b, n, 1), generator=g).float()
-        return imgs, torch.cat((cls, xywh), -1)
+        return imgs, rows_per_image(b, self.boxes[i], 3, g)
 
 
 def _train_steps(

@@ -1,5 +1,5 @@
 """The detection dataset and its loader: decoding, RAM/disk cache, augmentation, a rank-aware (epoch, index)
-batch sampler, and a collate that hands the GPU uint8 images and targets padded per image (no host sync later)."""
+batch sampler, and a collate that hands the GPU uint8 images and one list of target rows (no host sync later)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ from yolov9.train.config import Hyp
 from yolov9.train.data import augment as A
 from yolov9.train.data.formats import DatasetIndex
 from yolov9.train.data.pinned import PinnedBatches
-from yolov9.train.data.targets import pad_targets
 from yolov9.train.distributed import DistContext
 
 
@@ -279,13 +278,12 @@ class RectBatchSampler(Sampler[list]):
 
 
 class Batch(NamedTuple):
-    """A collated batch: uint8 images (B, 3, H, W); target rows (N, 6) = image, class, x, y, w, h normalised; the
-    same targets padded per image (B, most boxes of one image, 5); each image's dataset index (B,); and for
-    validation batches each image's LetterboxMeta (None for training batches)."""
+    """A collated batch: uint8 images (B, 3, H, W); target rows (N, 6) = image, class, x, y, w, h normalised, in
+    image order (what the loss takes); each image's dataset index (B,); and for validation batches each image's
+    LetterboxMeta (None for training batches)."""
 
     images: torch.Tensor
     rows: torch.Tensor
-    targets: torch.Tensor
     indices: torch.Tensor
     metas: list | None
 
@@ -294,7 +292,7 @@ def collate(items) -> Batch:
     imgs, labs, idx, metas = zip(*items)
     rows = torch.cat([torch.cat((torch.full((len(lab), 1), float(j)), lab), 1) for j, lab in enumerate(labs)], 0)
     metas = None if metas[0] is None else list(metas)
-    return Batch(torch.stack(imgs), rows, pad_targets(rows, len(labs)), torch.tensor(idx), metas)
+    return Batch(torch.stack(imgs), rows, torch.tensor(idx), metas)
 
 
 class EpochBatchSampler(Sampler[list]):
@@ -360,7 +358,7 @@ def join_batches(parts: list[Batch]) -> Batch:
     rows = torch.cat([p.rows + torch.tensor([float(o), 0, 0, 0, 0, 0]) for p, o in zip(parts, offsets)], 0)
     metas = None if parts[0].metas is None else [m for p in parts for m in p.metas]
     images = torch.cat([p.images for p in parts], 0)
-    return Batch(images, rows, pad_targets(rows, len(images)), torch.cat([p.indices for p in parts]), metas)
+    return Batch(images, rows, torch.cat([p.indices for p in parts]), metas)
 
 
 def run_batches(loader: DataLoader, pin: torch.device | None = None) -> Iterator[Batch]:

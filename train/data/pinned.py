@@ -18,7 +18,7 @@ _END = object()
 
 
 class PinnedBatches:
-    """Iterates `batches` (Batch tuples) with their images and targets in pinned memory; `close()` stops the thread
+    """Iterates `batches` (Batch tuples) with their images and target rows in pinned memory; `close()` stops the thread
     and lets the loader's workers go."""
 
     def __init__(self, batches: Iterator, device: torch.device, depth: int = 2):
@@ -38,7 +38,7 @@ class PinnedBatches:
                 torch.cuda.set_device(device)  # the pinned blocks belong to the training GPU's context
             for batch in self._batches:
                 if cuda:
-                    batch = batch._replace(images=batch.images.pin_memory(), targets=batch.targets.pin_memory())
+                    batch = batch._replace(images=batch.images.pin_memory(), rows=batch.rows.pin_memory())
                 if not self._put(batch):
                     return
             self._put(_END)
