@@ -3,7 +3,8 @@
     PYTHONPATH=<checkout> python docs/scripts/assigner_memory.py --batch 128 --boxes 60 [--max-elements N]
 
 Run in a fresh process per measurement (ru_maxrss only grows). The anchors are those of a 640 px image (8,400);
-boxes is the padded per-image box count of the batch. Prints one JSON line."""
+boxes is the number of box rows per image (30% of them all-zero padding), batch * boxes rows in all. Prints one JSON
+line."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from yolov9.train.loss import TaskAlignedAssigner
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=128, help="images")
-    ap.add_argument("--boxes", type=int, default=60, help="padded boxes per image")
+    ap.add_argument("--boxes", type=int, default=60, help="box rows per image")
     ap.add_argument("--max-elements", type=int, default=None, help="assigner chunk size (default: its own)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -32,15 +33,16 @@ def main() -> None:
     a = anchors.shape[0]
     centre, wh = torch.rand(b, a, 2) * 640, torch.rand(b, a, 2) * 200 + 2
     pd_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1)
-    centre, wh = torch.rand(b, n, 2) * 640, torch.rand(b, n, 2) * 300 + 4
-    mask = (torch.rand(b, n, 1) > 0.3).float()
+    centre, wh = torch.rand(b * n, 2) * 640, torch.rand(b * n, 2) * 300 + 4
+    mask = (torch.rand(b * n, 1) > 0.3).float()
     gt_bboxes = torch.cat((centre - wh / 2, centre + wh / 2), -1) * mask
-    labels = torch.randint(0, nc, (b, n, 1)).float() * mask
+    labels = torch.randint(0, nc, (b * n, 1)).float() * mask
+    image = torch.arange(b).repeat_interleave(n)
     pd_scores = torch.rand(b, a, nc)
     kw = {} if args.max_elements is None else {"max_elements": args.max_elements}
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    TaskAlignedAssigner(nc, **kw)(pd_scores, pd_bboxes, anchors, labels, gt_bboxes, mask)
+    TaskAlignedAssigner(nc, **kw)(pd_scores, pd_bboxes, anchors, image, labels, gt_bboxes, mask)
     seconds = time.perf_counter() - t
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 2**20  # KiB -> GiB
     print(
