@@ -204,6 +204,5 @@ def aoti_cpu_package(trained_tiny, tmp_path_factory) -> Path:
     run a few small batches)."""
     from yolov9.export.aoti import export_aoti
 
-    options = AOTI_TEST_OPTIONS
     out = tmp_path_factory.mktemp("aoti") / "m.pt2"
-    return export_aoti(trained_tiny, out, 160, False, "cpu", 8, inductor_configs=options)
+    return export_aoti(trained_tiny, out, 160, False, "cpu", 8, inductor_configs=AOTI_TEST_OPTIONS)

@@ -58,8 +58,9 @@ class TaskAlignedAssigner:
         # compiled, the row count is symbolic and inductor fuses the terms: no chunks (they would guard on it)
         step = r if in_compiled_trace() else max(1, self.max_elements // num_anchors)
         if step >= r:
-            terms = self._box_terms(pd_scores, pd_bboxes, anchors, gt_img, labels, gt_bboxes, mask_gt)
-            align, overlaps, mask_pos = terms
+            align, overlaps, mask_pos = self._box_terms(
+                pd_scores, pd_bboxes, anchors, gt_img, labels, gt_bboxes, mask_gt
+            )
         else:
             align, overlaps, mask_pos = (pd_scores.new_empty(r, num_anchors) for _ in range(3))
             for i in range(0, r, step):

@@ -70,8 +70,9 @@ def test_assigner_in_chunks_gives_the_same_assignment():
 def test_the_assignment_depends_on_each_images_boxes_not_on_the_padding():
     """The same boxes without their padding rows, and then with all-zero rows after them (which a captured step's
     buffer holds), give the same foreground and targets: ties go to the first of an image's boxes either way."""
-    pd_scores, pd_bboxes, anchors, image, labels, boxes, mask = _crowded_batch()
-    want_boxes, want_scores, want_fg = TaskAlignedAssigner(7)(*_crowded_batch())
+    batch = _crowded_batch()
+    pd_scores, pd_bboxes, anchors, image, labels, boxes, mask = batch
+    want_boxes, want_scores, want_fg = TaskAlignedAssigner(7)(*batch)
     keep = mask.squeeze(1) > 0
     for pad in (0, 9):
         rows = (image[keep], labels[keep], boxes[keep], mask[keep])
