@@ -276,8 +276,9 @@ def _train_steps(
     return torch.stack(losses), model, ema, step, copy.deepcopy(state)
 
 
-# boxes per image in each batch: none, a few, more than the first captured buffer holds (a second capture)
-_PLAN = [3, 3, 0, 5, 300, 300, 2, 7, 1]
+# boxes per image in each batch: a few (the first buffer's rows), none, more rows than that buffer holds (a second
+# buffer and capture, after three warm-up steps), fewer again (replayed on the larger buffer), and a short last batch
+_PLAN = [3, 3, 0, 3, 300, 300, 2, 3, 1]
 
 
 @needs_cuda
