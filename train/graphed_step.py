@@ -64,7 +64,7 @@ class GraphedStep:
             return self._eager(imgs, targets)  # e.g. an epoch's short last batch
         if self._versions() != self.versions:  # a compiled forward or loss is ready: warm up anew
             self.versions = self._versions()
-            self.graph, self.out, self.eager_calls = None, None, 0
+            self._drop_graph()
         n = targets.shape[0]
         if self.targets is None or n > self.targets.shape[0]:
             if self.graph is not None and COMPILE_LOCK.locked():  # no capture until a background compile ends:
@@ -93,9 +93,18 @@ class GraphedStep:
 
     def _buffers(self, imgs: torch.Tensor, capacity: int) -> None:
         """(Re)allocate the static inputs; a graph captured on the old ones is dropped and warms up anew."""
+        self._drop_graph()
         self.imgs = torch.empty(imgs.shape, dtype=imgs.dtype, device=self.device)
         self.targets = torch.zeros(capacity, 6, device=self.device)
+
+    def _drop_graph(self) -> None:
+        """Forget the graph; the next calls warm up and capture anew. Its memory pool goes back to the driver at
+        once: left to the allocator it is freed only when an allocation fails, so the new warm-up steps would first
+        allocate their activations beside it (two steps' worth of GPU memory at a takeover or a larger buffer)."""
+        dropped = self.graph is not None
         self.graph, self.out, self.eager_calls = None, None, 0
+        if dropped:
+            torch.cuda.empty_cache()
 
     def _step(self):
         return self._eager(self.imgs, self.targets, autocast_cache=False)

@@ -120,9 +120,9 @@ def _gpu_setup(amp):
     return model, DetectionLoss.for_model(model), make_scaler(dev, amp)
 
 
-def _gpu_batch(i: int, boxes: int = 1, b: int = 4):
+def _gpu_batch(i: int, boxes: int = 1, b: int = 4, img: int = 128):
     g = torch.Generator().manual_seed(i)
-    imgs = torch.randint(0, 256, (b, 3, 128, 128), dtype=torch.uint8, generator=g).pin_memory()
+    imgs = torch.randint(0, 256, (b, 3, img, img), dtype=torch.uint8, generator=g).pin_memory()
     return imgs, rows_per_image(b, boxes, 3, g).pin_memory()
 
 
@@ -187,6 +187,28 @@ def test_graphed_step_trains_like_the_eager_step(deterministic_cudnn):
     assert graphed.captures == 2
     for pa, pb in zip(eager.parameters(), graph_model.parameters()):
         torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)
+
+
+def _pool_bytes(pool: tuple[int, int]) -> int:
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot() if seg["segment_pool_id"] == pool)
+
+
+@needs_cuda
+def test_a_dropped_graph_hands_its_memory_back_before_the_next_warm_up():
+    """More boxes than the buffer holds drop the graph: its pool is freed before the warm-up step that follows
+    allocates its own activations, not left beside them until an allocation fails."""
+    from yolov9.train.graphed_step import GraphedStep
+
+    model, loss_fn, scaler = _gpu_setup(None)
+    graphed = GraphedStep(model, loss_fn, scaler, warmup=1)
+    for i in range(2):
+        graphed(*_gpu_batch(i, 2, 16, 256))
+    assert graphed.captures == 1
+    pool = tuple(graphed.graph.pool())
+    held = _pool_bytes(pool)
+    graphed(*_gpu_batch(2, 90, 16, 256))  # 1,440 rows: a larger buffer and an eager warm-up step
+    left = _pool_bytes(pool)
+    assert graphed.graph is None and held > 0 and left <= held // 10, f"{held} bytes in the pool, then {left}"
 
 
 @needs_cuda
