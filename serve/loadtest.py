@@ -202,27 +202,38 @@ def _part_of(cmd: str) -> str | None:
     return next((part for part, marks in _PARTS.items() if any(m in cmd for m in marks)), None)
 
 
-def _cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far: the machine's busy time ("host") and each serving part's. Read before and after a step,
-    the differences over its wall time say how many cores each part kept busy: whether the box ran out of CPU."""
+CpuSeconds = tuple[float, dict[tuple[int, float], tuple[str, float]]]
+
+
+def _cpu_seconds() -> CpuSeconds:
+    """CPU seconds so far: the machine's busy time, and each serving process's by (pid, start time) with its part.
+    Read before and after a step, `cores_busy` says how many cores each part kept busy: whether the box ran out of
+    CPU."""
     import psutil
 
     t = psutil.cpu_times()
-    out = {"host": sum(t) - t.idle - getattr(t, "iowait", 0.0), **dict.fromkeys(_PARTS, 0.0)}
-    seen: set[int] = set()
+    procs: dict[tuple[int, float], tuple[str, float]] = {}
     for p in psutil.process_iter():
         try:
             part = _part_of(" ".join(p.cmdline()[:4]))
             if part is None:
                 continue
             for q in [p, *p.children(recursive=True)] if part == "gateway" else [p]:
-                if q.pid not in seen:
-                    seen.add(q.pid)
-                    c = q.cpu_times()
-                    out[part] += c.user + c.system
+                c = q.cpu_times()
+                procs.setdefault((q.pid, q.create_time()), (part, c.user + c.system))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return out
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0), procs
+
+
+def cores_busy(before: CpuSeconds, after: CpuSeconds, wall: float) -> dict[str, float]:
+    """The cores the machine ("host") and each serving part kept busy between two `_cpu_seconds` readings, process
+    by process: one that ended in between (a stopped server's stubs) drops out instead of taking its whole past
+    off its part, and one that started counts from zero."""
+    busy = {"host": after[0] - before[0], **dict.fromkeys(_PARTS, 0.0)}
+    for key, (part, cpu) in after[1].items():
+        busy[part] += cpu - before[1].get(key, (part, 0.0))[1]
+    return {k: round(v / wall, 2) for k, v in busy.items()}
 
 
 def summarize(samples: list[tuple], t_start: float, warmup: float, cpu_s: float, wall: float) -> dict:
@@ -302,7 +313,7 @@ def run_step(step: Step, images: list[bytes], procs: int = 1, metrics_url: str |
     }
     # cores kept busy during the step: the whole machine and the serving parts found on it (this load generator's
     # own share is client_cpu_pct)
-    row["cores_busy"] = {k: round((cpu_after[k] - cpu_before[k]) / wall, 2) for k in cpu_before}
+    row["cores_busy"] = cores_busy(cpu_before, cpu_after, wall)
     if step.timeline:
         row["timeline"] = timeline(samples, t_start + step.warmup)
     after = scrape_triton(metrics_url)

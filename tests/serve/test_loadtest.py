@@ -211,6 +211,16 @@ def test_each_serving_process_is_counted_with_its_part():
     assert _part_of("/usr/bin/python3 -m pytest tests/serve") is None
 
 
+def test_cores_busy_counts_each_process_over_the_step_only():
+    """A stub that exited during the step (a stopped server's) drops out rather than making its part negative; one
+    that started counts from zero; a reused pid is another process."""
+    from yolov9.serve.loadtest import cores_busy
+
+    before = (100.0, {(1, 5.0): ("stubs", 40.0), (2, 5.0): ("stubs", 3.0), (3, 5.0): ("gateway", 1.0)})
+    after = (104.0, {(2, 5.0): ("stubs", 4.0), (3, 5.0): ("gateway", 1.5), (1, 9.0): ("stubs", 0.5)})
+    assert cores_busy(before, after, 2.0) == {"host": 2.0, "stubs": 0.75, "triton": 0.0, "gateway": 0.25}
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
