@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,33 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("YOLOV9_SHARED", ROOT.parent / "shared"))
 INTEROP = SHARED / "interop"
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# the suite runs in pytest-xdist workers (the README's test command): each takes its share of the cores
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The serving tests share one Triton server and gateway per worker: they run in one worker (`--dist
+    loadgroup`), so the servers start once, and the other worker takes the rest."""
+    for item in items:
+        if item.path.is_relative_to(ROOT / "tests" / "serve"):
+            item.add_marker(pytest.mark.xdist_group("serve"))
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
+    """A session fixture's file, built into a fresh folder: under pytest-xdist by the first worker that asks (the
+    others wait for it and share the file), so the minutes of training or compiling are spent once."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / name  # the folder all workers' temporary folders share
+    with FileLock(f"{root}.lock"):
+        done = root / "built.txt"
+        if not done.exists():
+            root.mkdir()
+            done.write_text(str(build(root)))
+        return Path(done.read_text())
 
 
 def need(path: Path) -> Path:
@@ -183,10 +210,11 @@ def trained_tiny(tiny_subset, tmp_path_factory) -> Path:
     mean something, so export and serving comparisons cannot pass by all being empty."""
     from yolov9.train.trainer import Trainer
 
-    cfg = tiny_train_config(
-        tiny_subset, tmp_path_factory.mktemp("runs"), img=160, epochs=40, batch=4, nbs=4, name="tiny"
-    )
-    return Path(Trainer(cfg).fit()["run_dir"]) / "weights" / "best.pt"
+    def train(root: Path) -> Path:
+        cfg = tiny_train_config(tiny_subset, root, img=160, epochs=40, batch=4, nbs=4, name="tiny")
+        return Path(Trainer(cfg).fit()["run_dir"]) / "weights" / "best.pt"
+
+    return built_once(tmp_path_factory, "runs", train)
 
 
 # the compile's cost is C++ code generation and the C++ compiler, not the tests' few forward passes
@@ -204,5 +232,7 @@ def aoti_cpu_package(trained_tiny, tmp_path_factory) -> Path:
     run a few small batches)."""
     from yolov9.export.aoti import export_aoti
 
-    out = tmp_path_factory.mktemp("aoti") / "m.pt2"
-    return export_aoti(trained_tiny, out, 160, False, "cpu", 8, inductor_configs=AOTI_TEST_OPTIONS)
+    def compile_package(root: Path) -> Path:
+        return export_aoti(trained_tiny, root / "m.pt2", 160, False, "cpu", 8, inductor_configs=AOTI_TEST_OPTIONS)
+
+    return built_once(tmp_path_factory, "aoti", compile_package)

@@ -72,6 +72,7 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
     import numpy as np
     import torch
     import tritonclient.grpc as grpcclient
+    from torchvision.ops import box_iou
 
     from tests.serve.conftest import free_port
     from yolov9.core.checkpoint import load_model
@@ -110,11 +111,15 @@ def test_trt_variant_pre_and_post_stages_run_in_real_triton(trained_tiny, tmp_pa
             got = post.as_numpy("DETECTIONS")[0, :n]
             ((want, m),) = local([Request(img.read_bytes(), conf=0.05, iou=0.45, max_det=100)])
             want = want[:m].numpy()
-            # fp16 images and outputs move scores slightly: compare detections clear of the 0.05 threshold
+            # fp16 images and outputs move scores slightly: compare detections clear of the 0.05 threshold. Where
+            # the tiny overfit model puts several boxes of one object at scores that round to 1.0 in fp16, NMS may
+            # keep another of them: each detection must share its corners (2 px) with one of its class in the other
+            # set or overlap it (IoU > 0.45, the NMS threshold)
             for a, b in ((got, want), (want, got)):
                 for det in a[a[:, 4] > 0.06]:
-                    same = (b[:, 5] == det[5]) & (np.abs(b[:, :4] - det[:4]).max(1) < 2.0)
-                    assert same.any(), det
+                    iou = box_iou(torch.from_numpy(det[None, :4]), torch.from_numpy(b[:, :4]))[0].numpy()
+                    near = (np.abs(b[:, :4] - det[:4]).max(1) < 2.0) | (iou > 0.45)
+                    assert ((b[:, 5] == det[5]) & near).any(), (det, b)
             assert abs(n - m) <= max(1, m // 10)
             checked += int((want[:, 4] > 0.06).sum())
         assert checked > 0
