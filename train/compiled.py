@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -265,14 +266,23 @@ class CompiledForward(BackgroundCompile, nn.Module):
         return self._example[0].device
 
     def _example_memory(self, device: torch.device) -> int:
-        # the twin's forward and backward at the run's batch repeat the step's activations: the run's peak so far
-        return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+        if device.type != "cuda":
+            return 0
+        # 'model': the twin's forward and backward at the run's batch repeat the step's activations, the run's peak
+        # so far; 'layers': one layer's at a time (with the outputs later layers read), a fraction of that
+        peak = torch.cuda.max_memory_allocated(device)
+        return peak if self.mode == "model" else peak // 4
 
     def _compile_example(self) -> None:
         x, (enabled, dtype, cache) = self._example
         twin = copy.deepcopy(self.model)  # the run's model trains beside this thread: its values do not matter here
-        with torch.autocast(x.device.type, dtype=dtype, enabled=enabled, cache_enabled=cache):
-            out = self._run(twin, self._compiled_calls(twin), x.clone())  # as the step's input: no gradient
+        calls = self._compiled_calls(twin)
+        amp = functools.partial(torch.autocast, x.device.type, dtype=dtype, enabled=enabled, cache_enabled=cache)
+        if self.mode == "layers":
+            _layer_by_layer(twin, calls, x.clone(), amp)
+            return
+        with amp():
+            out = self._run(twin, calls, x.clone())  # as the step's input: no gradient
         sum(t.float().sum() for t in _tensors(out)).backward()
 
     def cache_spec(self) -> dict:
@@ -295,6 +305,32 @@ class CompiledForward(BackgroundCompile, nn.Module):
 
 def _tensors(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _tensors(o)]
+
+
+def _detached(out):
+    """`out` (a tensor or nested lists of them) cut from its graph, each tensor still asking for gradients as it
+    did: the next layer's input looks to dynamo's guards as it does in the run."""
+    if isinstance(out, torch.Tensor):
+        return out.detach().requires_grad_(out.requires_grad)
+    return type(out)(_detached(o) for o in out)
+
+
+def _layer_by_layer(model: DetectionModel, calls, x: torch.Tensor, amp) -> None:
+    """Each compiled layer's forward (under `amp`) and then its backward, in the forward's order, on the earlier
+    layers' outputs cut from their graphs: every forward and backward graph compiles as in a whole forward, while
+    only one layer's activations (and the outputs later layers read) are held at a time, not a whole step's beside
+    the run's."""
+
+    def forward_backward(call):
+        def run(inputs):
+            with amp():
+                out = call(inputs)
+            sum(t.float().sum() for t in _tensors(out)).backward()
+            return _detached(out)
+
+        return run
+
+    run_layers(model.model, [forward_backward(call) for call in calls], model.save, x)
 
 
 class CompiledLoss(BackgroundCompile):
