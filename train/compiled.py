@@ -220,7 +220,8 @@ class CompiledForward(BackgroundCompile, nn.Module):
     backend: torch.compile's (the CPU tests trace with 'eager', which compiles nothing); background: compile in a
     thread (`BackgroundCompile`) on a copy of the model: dynamo keeps what it compiled per code object, not per
     module, so the model's own compiled layers then run it without compiling again. The copy's forward and
-    backward at the run's batch take about as much GPU memory again as the step, while they run."""
+    backward at the run's batch take about as much GPU memory again as the step while they run in 'model' mode; in
+    'layers' mode they run one layer at a time (`_layer_by_layer`), a fraction of that."""
 
     def __init__(
         self,
