@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import rows_per_image
+from tests.conftest import outputs, rows_per_image
 from yolov9.train.ema import ModelEMA
 from yolov9.train.step import (
     AUTO_CUDNN_BENCHMARK_IMAGES,
@@ -402,7 +402,6 @@ def test_a_background_compile_of_the_layers_holds_a_fraction_of_a_steps_memory_b
     """The thread compiles the layers one at a time, forward then backward, so beside the run it holds about one
     layer's activations (and the outputs later layers read), not a second step's (measured on the CPU from what
     autograd saves: 18-19% of a forward's for gelan-t and yolov9-s)."""
-    from tests.conftest import outputs
     from yolov9.core.model import DetectionModel
     from yolov9.train.compiled import CompiledForward
 
