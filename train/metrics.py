@@ -1,45 +1,21 @@
-"""Detection metrics beyond pycocotools' summary, computed from its own matching: precision, recall and F1 against
-the confidence threshold per class (and the operating point of best mean F1), and a confusion matrix of predicted
-against true classes with a background row and column. IoU 0.5 for the curves, as Ultralytics reports them."""
+"""Detection metrics beyond pycocotools' summary, from its own matching (train/scoring.py): precision, recall and
+F1 against the confidence threshold per class (and the operating point of best mean F1), and a confusion matrix of
+predicted against true classes with a background row and column. IoU 0.5 for the curves, as Ultralytics reports them."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from pycocotools.cocoeval import COCOeval
 
 from yolov9.core.detection_defaults import CONF, IOU
+from yolov9.train.scoring import CONF_GRID
 
-CONF_GRID = np.linspace(0, 1, 1000)
 
-
-def pr_curves(ev: COCOeval) -> dict:
-    """From an evaluated COCOeval: per class (in ev.params.catIds order) precision, recall and F1 on CONF_GRID at
-    IoU 0.5, the COCO-interpolated precision-recall curve at IoU 0.5, the per-class ground-truth counts, and the
-    confidence of best mean F1 with P and R there (per class and mean over classes with ground truth)."""
-    p = ev.params
-    n_img, n_area = len(p.imgIds), len(p.areaRng)
-    k_count = len(p.catIds)
-    prec = np.zeros((k_count, len(CONF_GRID)))
-    rec = np.zeros_like(prec)
-    n_gt = np.zeros(k_count, int)
-    for k in range(k_count):
-        entries = [e for e in ev.evalImgs[k * n_area * n_img : k * n_area * n_img + n_img] if e is not None]
-        if not entries:
-            continue
-        n_gt[k] = sum(int((e["gtIgnore"] == 0).sum()) for e in entries)
-        scores = np.concatenate([e["dtScores"] for e in entries])
-        tp = np.concatenate([e["dtMatches"][0] > 0 for e in entries])
-        keep = ~np.concatenate([e["dtIgnore"][0] for e in entries]).astype(bool)
-        scores, tp = scores[keep], tp[keep]
-        if not len(scores) or not n_gt[k]:
-            continue
-        order = np.argsort(-scores, kind="mergesort")
-        tpc, fpc = np.cumsum(tp[order]), np.cumsum(~tp[order])
-        recall, precision = tpc / n_gt[k], tpc / (tpc + fpc)
-        s = scores[order]
-        rec[k] = np.interp(-CONF_GRID, -s, recall, left=0)  # recall falls as the threshold rises
-        prec[k] = np.interp(-CONF_GRID, -s, precision, left=1)
+def pr_curves(scores: dict[str, np.ndarray]) -> dict:
+    """From scoring.evaluate's per-class precision and recall on CONF_GRID at IoU 0.5 (classes in its order): F1,
+    the COCO-interpolated precision-recall curve at IoU 0.5, the per-class ground-truth counts, and the confidence
+    of best mean F1 with P and R there (per class and mean over classes with ground truth)."""
+    prec, rec, n_gt = scores["p"], scores["r"], scores["n_gt"]
     f1 = 2 * prec * rec / np.maximum(prec + rec, 1e-16)
     has_gt = n_gt > 0
     best = int(f1[has_gt].mean(0).argmax()) if has_gt.any() else 0
@@ -48,8 +24,8 @@ def pr_curves(ev: COCOeval) -> dict:
         "precision": prec,
         "recall": rec,
         "f1": f1,
-        "pr": ev.eval["precision"][0, :, :, 0, -1].T.clip(0),  # (classes, 101 recall points) at IoU 0.5
-        "recall_points": p.recThrs,
+        "pr": scores["precision"][0].T.clip(0),  # (classes, 101 recall points) at IoU 0.5
+        "recall_points": scores["recall_points"],
         "instances": n_gt,
         "best_conf": float(CONF_GRID[best]),
         "p_at_best": prec[:, best],

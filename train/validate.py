@@ -5,8 +5,6 @@ float batch to decoded predictions (a model, or any engine of export/engine.py),
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
@@ -23,6 +20,7 @@ from yolov9.core.device import synchronized_time
 from yolov9.core.errors import BadInput
 from yolov9.core.modules import raw_outputs
 from yolov9.core.postprocess import main_head, per_image, postprocess_flat
+from yolov9.train import scoring
 from yolov9.train.data.dataset import Batch, DetectionDataset
 from yolov9.train.metrics import confusion_matrix, pr_curves
 from yolov9.train.stall import watched
@@ -83,8 +81,9 @@ class ClassMapped:
         return pred.index_select(1, cols)
 
 
-def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> COCO:
-    """The dataset's labels as an in-memory COCO object, in the pixel frame of each loaded image."""
+def ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> tuple[list[dict], list[dict]]:
+    """The dataset's images and labels as COCO image and annotation records, in the pixel frame of each loaded
+    image."""
     images, anns = [], []
     for i, (h, w) in shapes.items():
         images.append({"id": i, "height": h, "width": w})
@@ -99,15 +98,12 @@ def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) 
                     "area": bw * w * bh * h,
                 }
             )
-    gt = COCO()
-    gt.dataset = {
-        "images": images,
-        "annotations": anns,
-        "categories": [{"id": k, "name": n} for k, n in enumerate(ds.names)],
-    }
-    with contextlib.redirect_stdout(io.StringIO()):
-        gt.createIndex()
-    return gt
+    return images, anns
+
+
+def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> COCO:
+    """The dataset's labels as an in-memory COCO object (ground_truth's records, every class of the dataset)."""
+    return scoring.coco(*ground_truth(ds, shapes), list(range(len(ds.names))))
 
 
 def letterboxed_targets(batch: Batch, hw: tuple[int, int]) -> torch.Tensor:
@@ -172,7 +168,7 @@ def evaluate(
             for x1, y1, x2, y2, s, c in det.tolist():
                 dets.append([i, x1, y1, x2 - x1, y2 - y1, s, int(c)])
     seconds = time.perf_counter() - t0
-    res, ev = score(ds, shapes, dets)
+    res, curves = score(ds, shapes, dets)
     res["images_per_s"] = len(shapes) / max(seconds, 1e-9)
     # what scoring costs beside the pass: it grows with the detections (up to max_det per image early in training)
     res.update(detections=len(dets), score_s=time.perf_counter() - t0 - seconds, nms_s=nms_s)
@@ -181,7 +177,7 @@ def evaluate(
     if plots:
         gts = [_pixel_labels(ds, i, shapes[i]) for i in per_image_dets]
         res["plots"] = {
-            "curves": pr_curves(ev) if ev is not None else None,
+            "curves": curves,
             "confusion": confusion_matrix(list(per_image_dets.values()), gts, len(ds.names)),
             "sample": sample,
         }
@@ -195,44 +191,38 @@ def _pixel_labels(ds: DetectionDataset, i: int, hw: tuple[int, int]) -> torch.Te
     return torch.cat((lab[:, :1], xywh2xyxy(lab[:, 1:] * torch.tensor([w, h, w, h]))), 1)
 
 
-def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[dict, COCOeval | None]:
-    """mAP50-95, mAP50, P and R at the best-F1 confidence, and per class the same, from pycocotools."""
-    gt = coco_ground_truth(ds, shapes)
-    n_gt = len(gt.dataset["annotations"])
+def score(ds: DetectionDataset, shapes: dict, dets: list[list[float]]) -> tuple[dict, dict | None]:
+    """mAP50-95, mAP50, P and R at the best-F1 confidence, and per class the same, from pycocotools (split by class
+    over processes when there are many detections, train/scoring.py); and the curves of metrics.pr_curves (None
+    when there is nothing to score)."""
+    images, anns = ground_truth(ds, shapes)
     result = {"map": 0.0, "map50": 0.0, "precision": 0.0, "recall": 0.0, "per_class": {}}
-    result.update(images=len(shapes), instances=n_gt)
-    if not dets or not n_gt:  # nothing found (or nothing to find): every class with instances scores zero
-        counts = np.bincount([a["category_id"] for a in gt.dataset["annotations"]], minlength=len(ds.names))
+    result.update(images=len(shapes), instances=len(anns))
+    if not dets or not anns:  # nothing found (or nothing to find): every class with instances scores zero
+        counts = np.bincount([a["category_id"] for a in anns], minlength=len(ds.names))
         result["per_class"] = {
             ds.names[k]: {"instances": int(n), "p": 0.0, "r": 0.0, "ap50": 0.0, "ap": 0.0}
             for k, n in enumerate(counts)
             if n
         }
         return result, None
-    with contextlib.redirect_stdout(io.StringIO()):
-        pred = gt.loadRes(np.array(dets, dtype=np.float64))
-        ev = COCOeval(gt, pred, "bbox")
-        ev.params.imgIds = sorted(shapes)
-        # only what is reported: every area at COCO's 100 detections per image. pycocotools' default also matches
-        # the small/medium/large ranges and 1 and 10 detections, four times the matching for the same two numbers
-        ev.params.areaRng, ev.params.areaRngLbl, ev.params.maxDets = [[0, 1e10]], ["all"], [100]
-        ev.evaluate()
-        ev.accumulate()
-    curves = pr_curves(ev)
-    prec = ev.eval["precision"][..., 0, 0]  # (IoU thresholds, recall points, classes); -1 where a class has no truth
+    classes = list(range(len(ds.names)))
+    scores = scoring.evaluate(images, anns, np.asarray(dets, dtype=np.float64), sorted(shapes), classes)
+    curves = pr_curves(scores)
+    prec = scores["precision"]  # (IoU thresholds, recall points, classes); -1 where a class has no truth
     result.update(map=_mean_ap(prec), map50=_mean_ap(prec[:1]))
     result.update(precision=curves["mean_p"], recall=curves["mean_r"])
-    for k, cat in enumerate(ev.params.catIds):
+    for k in classes:
         p, p50 = prec[:, :, k], prec[0, :, k]
         if curves["instances"][k]:
-            result["per_class"][ds.names[cat]] = {
+            result["per_class"][ds.names[k]] = {
                 "instances": int(curves["instances"][k]),
                 "p": float(curves["p_at_best"][k]),
                 "r": float(curves["r_at_best"][k]),
                 "ap50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else 0.0,
                 "ap": float(p[p > -1].mean()) if (p > -1).any() else 0.0,
             }
-    return result, ev
+    return result, curves
 
 
 def _mean_ap(prec: np.ndarray) -> float:

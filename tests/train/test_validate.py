@@ -4,7 +4,9 @@ evaluation (all area ranges, 1/10/100 detections, `summarize`) gives."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import os
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import torch
 from pycocotools.cocoeval import COCOeval
 
 from yolov9.core.checkpoint import model_from_checkpoint, read_checkpoint
+from yolov9.train import scoring
 from yolov9.train.data.dataset import DetectionDataset, eval_loader
 from yolov9.train.data.formats import load_split, resolve_data
 from yolov9.train.loss import DetectionLoss
@@ -60,6 +63,53 @@ def test_score_equals_pycocotools_standard_summary(coco48, seed):
         if ds.names[cat] in res["per_class"]:
             p = prec[:, :, k]
             assert res["per_class"][ds.names[cat]]["ap"] == pytest.approx(p[p > -1].mean(), abs=1e-12)
+
+
+def _assert_same_scores(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
+    assert a[0] == b[0]
+    assert a[1].keys() == b[1].keys()
+    for k, v in a[1].items():
+        assert np.array_equal(v, b[1][k]) if isinstance(v, np.ndarray) else v == b[1][k], k
+
+
+@pytest.fixture
+def scored(coco48) -> tuple[DetectionDataset, dict, list, tuple[dict, dict]]:
+    """coco48's validation split with _detections, scored in this process."""
+    ds = DetectionDataset(load_split(resolve_data(str(coco48)), "val"), 320, desc="val")
+    shapes = {i: (480, 640) for i in range(len(ds.labels))}
+    dets = _detections(ds, shapes, np.random.default_rng(2))
+    assert len(dets) < scoring.PARALLEL_DETECTIONS
+    return ds, shapes, dets, score(ds, shapes, dets)
+
+
+def test_scoring_split_by_class_over_processes_gives_the_serial_numbers(scored, monkeypatch):
+    """Each class is matched and accumulated on its own, so workers that each take some classes give exactly what
+    one process gives: every reported number and every curve."""
+    ds, shapes, dets, serial = scored
+    monkeypatch.setattr(scoring, "_workers", lambda n_dets, n_classes: 2)
+    groups = scoring._groups(np.asarray(dets), list(range(len(ds.names))), 2)
+    assert sorted(k for g in groups for k in g) == list(range(len(ds.names)))  # every class once
+    _assert_same_scores(score(ds, shapes, dets), serial)
+    assert scoring._pool is not None  # the workers scored it
+
+
+def test_a_worker_that_dies_leaves_scoring_to_this_process(scored, monkeypatch):
+    """A worker killed mid-way (here it exits at once) breaks the pool; the scores then come from this process,
+    the same as ever, and the next large scoring starts a new pool."""
+    ds, shapes, dets, serial = scored
+    parent, real = os.getpid(), scoring.evaluate_classes
+
+    @functools.wraps(real)  # pickled by name, so the forked workers resolve it to this function too
+    def dies_in_a_worker(*args):
+        if os.getpid() != parent:
+            os._exit(1)
+        return real(*args)
+
+    monkeypatch.setattr(scoring, "evaluate_classes", dies_in_a_worker)
+    monkeypatch.setattr(scoring, "_pool", None)  # workers forked after the patch
+    monkeypatch.setattr(scoring, "_workers", lambda n_dets, n_classes: 2)
+    _assert_same_scores(score(ds, shapes, dets), serial)
+    assert scoring._pool is None
 
 
 def test_a_model_validates_under_autocast_and_scores_like_fp32(trained_tiny, tiny_subset):
