@@ -10,7 +10,7 @@ import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 
 import numpy as np
 from pycocotools.coco import COCO
@@ -101,9 +101,12 @@ def evaluate_classes(
 
 
 def _workers(n_dets: int, n_classes: int) -> int:
-    if n_dets < PARALLEL_DETECTIONS:
+    """How many processes score: one below PARALLEL_DETECTIONS or where processes cannot fork, else one per usable
+    core up to MAX_WORKERS and the number of classes."""
+    if n_dets < PARALLEL_DETECTIONS or "fork" not in get_all_start_methods():
         return 1
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)), n_classes))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores, n_classes))
 
 
 def _groups(dets: np.ndarray, cat_ids: list[int], n: int) -> list[list[int]]:
