@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pycocotools.coco import COCO
 from torch.utils._pytree import tree_map
 from tqdm import tqdm
 
@@ -99,11 +98,6 @@ def ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> tu
                 }
             )
     return images, anns
-
-
-def coco_ground_truth(ds: DetectionDataset, shapes: dict[int, tuple[int, int]]) -> COCO:
-    """The dataset's labels as an in-memory COCO object (ground_truth's records, every class of the dataset)."""
-    return scoring.coco(*ground_truth(ds, shapes), list(range(len(ds.names))))
 
 
 def letterboxed_targets(batch: Batch, hw: tuple[int, int]) -> torch.Tensor:

@@ -18,7 +18,7 @@ from yolov9.train import scoring
 from yolov9.train.data.dataset import DetectionDataset, eval_loader
 from yolov9.train.data.formats import load_split, resolve_data
 from yolov9.train.loss import DetectionLoss
-from yolov9.train.validate import coco_ground_truth, evaluate, score
+from yolov9.train.validate import evaluate, ground_truth, score
 
 
 def _detections(ds: DetectionDataset, shapes: dict, rng: np.random.Generator) -> list[list[float]]:
@@ -48,7 +48,7 @@ def test_score_equals_pycocotools_standard_summary(coco48, seed):
     dets = _detections(ds, shapes, np.random.default_rng(seed))
     res, _ = score(ds, shapes, dets)
 
-    gt = coco_ground_truth(ds, shapes)
+    gt = scoring.coco(*ground_truth(ds, shapes), list(range(len(ds.names))))
     with contextlib.redirect_stdout(io.StringIO()):
         ev = COCOeval(gt, gt.loadRes(np.array(dets, dtype=np.float64)), "bbox")
         ev.params.imgIds = sorted(shapes)
