@@ -284,7 +284,7 @@ class CompiledForward(BackgroundCompile, nn.Module):
             return
         with amp():
             out = self._run(twin, calls, x.clone())  # as the step's input: no gradient
-        sum(t.float().sum() for t in _tensors(out)).backward()
+        _backward_of_sum(out)
 
     def cache_spec(self) -> dict:
         x, (enabled, dtype, cache) = self._example
@@ -308,6 +308,12 @@ def _tensors(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _tensors(o)]
 
 
+def _backward_of_sum(out) -> None:
+    """Backward from the sum of every tensor in `out`: each output's backward graph compiles (its values do not
+    matter to the compile)."""
+    sum(t.float().sum() for t in _tensors(out)).backward()
+
+
 def _detached(out):
     """`out` (a tensor or nested lists of them) cut from its graph, each tensor still asking for gradients as it
     did: the next layer's input looks to dynamo's guards as it does in the run."""
@@ -326,7 +332,7 @@ def _layer_by_layer(model: DetectionModel, calls, x: torch.Tensor, amp) -> None:
         def run(inputs):
             with amp():
                 out = call(inputs)
-            sum(t.float().sum() for t in _tensors(out)).backward()
+            _backward_of_sum(out)
             return _detached(out)
 
         return run
